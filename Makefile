@@ -1,0 +1,49 @@
+# Kernels to Clusters — the two commands: `make grade` and `make test`.
+# Both create .venv with the course and its dependencies when it is missing.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+SUBMISSION ?= solutions
+LAB ?= all
+INSTALLED := $(VENV)/.installed
+INSTALLED_DEV := $(VENV)/.installed-dev
+
+.PHONY: grade test docs doctor sync clean
+
+grade: $(INSTALLED)
+	$(BIN)/k2c grade $(LAB) --submission $(SUBMISSION)
+
+test: $(INSTALLED_DEV)
+	$(BIN)/k2c sync --check
+	$(BIN)/python -m pytest tests course/lectures solutions --nbval-lax --nbval-current-env
+
+docs: $(INSTALLED_DEV)
+	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
+
+doctor: $(INSTALLED)
+	$(BIN)/k2c doctor
+
+sync: $(INSTALLED)
+	$(BIN)/k2c sync
+
+$(BIN)/python:
+	@$(PYTHON) -m venv $(VENV) || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "python3 -m venv failed: installing Debian's python3-venv"; rm -rf $(VENV); \
+	    apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); \
+	  else \
+	    echo "python3 -m venv failed: install your system's venv package (Debian/Ubuntu: sudo apt-get install python3-venv)"; exit 1; \
+	  fi; }
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(INSTALLED): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	@touch $@
+
+$(INSTALLED_DEV): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $@ $(INSTALLED)
+
+clean:
+	rm -rf docs/_build docs/_generated build *.egg-info

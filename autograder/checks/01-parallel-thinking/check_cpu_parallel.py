@@ -1,0 +1,109 @@
+"""Checks for lab 01: prange loops against NumPy, races under contention, and
+Amdahl's law against its formula and synthetic timings."""
+import numpy as np
+import pytest
+
+from autograder.checking import expect_array, expect_close
+
+RNG = np.random.default_rng(101)
+CONTENDED = 1 << 22  # big enough that two or more threads racing lose updates
+
+
+@pytest.mark.points(2)
+def check_saxpy_matches_numpy(submission):
+    """parallel_saxpy equals a*x + y"""
+    x, y = RNG.standard_normal(1_000_003), RNG.standard_normal(1_000_003)
+    got = submission.call("cpu_parallel.parallel_saxpy", 3.0, x, y)
+    expect_array(got, 3.0 * x + y, "parallel_saxpy(3.0, x, y)", rtol=1e-12)
+
+
+@pytest.mark.points(2)
+def check_sum_matches_numpy(submission):
+    """parallel_sum equals the exact sum of integer-valued data"""
+    x = RNG.integers(-1000, 1000, 999_999).astype(np.float64)
+    got = submission.call("cpu_parallel.parallel_sum", x)
+    assert got == x.sum(), f"parallel_sum(x): expected {x.sum():g}, got {got!r}"
+
+
+@pytest.mark.points(2)
+def check_sum_loses_no_updates(submission):
+    """parallel_sum loses no updates when many threads add at once"""
+    ones = np.ones(CONTENDED)
+    runs = submission.harness("call_repeatedly", "parallel_sum", 3, ones)
+    for got in runs:
+        assert got == CONTENDED, (
+            f"parallel_sum of {CONTENDED} ones returned {got!r} (runs: {runs}): updates were lost. "
+            "Threads adding into one shared array element race; accumulate into a scalar with += "
+            "so numba makes it a reduction")
+
+
+@pytest.mark.points(3)
+@pytest.mark.parametrize("n_bins,lo,hi", [(20, 0.0, 100.0), (7, -3.0, 4.0)], ids=["20 bins", "7 bins"])
+def check_histogram_matches_numpy(submission, n_bins, lo, hi):
+    """parallel_histogram equals np.histogram, edges and out-of-range values included"""
+    # Integer-valued data and bin edges that are exact in binary, so the oracle is unambiguous.
+    x = RNG.integers(int(lo) - 5, int(hi) + 5, 100_000).astype(np.float64)
+    x[:3] = [lo, hi, (lo + hi) / 2]
+    want, _ = np.histogram(x, n_bins, (lo, hi))
+    got = submission.call("cpu_parallel.parallel_histogram", x, n_bins, lo, hi)
+    expect_array(got, want, f"parallel_histogram(x, {n_bins}, {lo}, {hi})", exact=True)
+
+
+@pytest.mark.points(2)
+def check_histogram_loses_no_updates(submission):
+    """parallel_histogram loses no counts when threads hit the same bins"""
+    x = RNG.integers(0, 4, CONTENDED).astype(np.float64)
+    want, _ = np.histogram(x, 4, (0.0, 4.0))
+    runs = submission.harness("call_repeatedly", "parallel_histogram", 3, x, 4, 0.0, 4.0)
+    for got in runs:
+        lost = int(want.sum() - np.asarray(got).sum())
+        assert lost == 0 and np.array_equal(got, want), (
+            f"parallel_histogram counted {np.asarray(got).tolist()}, expected {want.tolist()}"
+            + (f": {lost} counts lost to a race on the shared bins; give each thread its own counts" if lost else ""))
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("name", ["parallel_saxpy", "parallel_sum", "parallel_histogram"])
+def check_loop_runs_in_parallel(submission, name):
+    """numba turned the loop into a parallel loop (prange)"""
+    x = np.arange(1000, dtype=np.float64)
+    args = {"parallel_saxpy": (2.0, x, x), "parallel_sum": (x,), "parallel_histogram": (x, 10, 0.0, 1000.0)}[name]
+    loops = submission.harness("parallel_loops", name, *args)
+    assert loops != -1, f"{name} is not compiled with @njit(parallel=True)"
+    assert loops >= 1, f"numba found no parallel loop in {name}: use prange for the loop that splits the work"
+
+
+@pytest.mark.points(1)
+def check_speedup_laws(submission):
+    """amdahl_speedup and gustafson_speedup follow their formulas"""
+    p = np.array([1, 2, 4, 8, 64, 1024])
+    for f in (0.0, 0.05, 0.5):
+        expect_array(submission.call("cpu_parallel.amdahl_speedup", f, p), 1 / (f + (1 - f) / p),
+                     f"amdahl_speedup({f}, p)", rtol=1e-9)
+        expect_array(submission.call("cpu_parallel.gustafson_speedup", f, p), f + (1 - f) * p,
+                     f"gustafson_speedup({f}, p)", rtol=1e-9)
+
+
+def _amdahl_times(f, t1, p):
+    return t1 * (f + (1 - f) / p)
+
+
+@pytest.mark.points(2)
+def check_fit_amdahl_exact(submission):
+    """fit_amdahl recovers the serial fraction and one-worker time from exact timings"""
+    p = np.array([1, 2, 3, 4, 8, 16, 32])
+    for f, t1 in ((0.1, 10.0), (0.37, 0.02)):
+        got = submission.call("cpu_parallel.fit_amdahl", p, _amdahl_times(f, t1, p))
+        assert isinstance(got, (tuple, list)) and len(got) == 2, f"fit_amdahl should return (f, t1), got {got!r}"
+        expect_close(got[0], f, f"fitted serial fraction for f={f}", rel=1e-6)
+        expect_close(got[1], t1, f"fitted one-worker time for t1={t1}", rel=1e-6)
+
+
+@pytest.mark.points(1)
+def check_fit_amdahl_noisy(submission):
+    """fit_amdahl stays close on timings with 2% measurement noise"""
+    p = np.repeat([1, 2, 4, 8, 16], 5)
+    noise = 1 + 0.02 * np.random.default_rng(7).standard_normal(p.size)
+    got = submission.call("cpu_parallel.fit_amdahl", p, _amdahl_times(0.2, 5.0, p) * noise)
+    assert isinstance(got, (tuple, list)) and len(got) == 2, f"fit_amdahl should return (f, t1), got {got!r}"
+    assert abs(got[0] - 0.2) < 0.02, f"fitted serial fraction {got[0]:.4f}, expected 0.2 ± 0.02"

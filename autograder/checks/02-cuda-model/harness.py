@@ -1,0 +1,114 @@
+"""Grader code that runs next to the student's ``cuda_basics`` in the sandbox.
+
+It launches the student's kernels itself, with a launch configuration it
+computes (so a kernel is judged apart from the student's ``launch_config``),
+on output buffers that are poisoned and longer than the data: the tail past
+the end is a canary that only an unguarded thread can overwrite. Launch errors
+(the simulator raises IndexError for an out-of-bounds access) come back as
+data, so the check can say what they mean.
+"""
+import inspect
+import math
+import re
+import time
+
+import numpy as np
+from numba import cuda
+
+from autograder.checking import poisoned
+
+CANARY = 64  # poisoned elements past the end of every 1-D output
+
+
+def _student():
+    import cuda_basics
+    return cuda_basics
+
+
+def _kernel(name):
+    kernel = getattr(_student(), name)
+    source = inspect.getsource(getattr(kernel, "py_func", None) or getattr(kernel, "fn", kernel))
+    stub = re.search(r"raise NotImplementedError\((['\"])(.*?)\1\)", source)
+    if stub:  # a kernel cannot raise on a real GPU: say so before launching
+        raise NotImplementedError(stub.group(2))
+    return kernel
+
+
+def _launch(kernel, grid, block, out_buffer, out_view, *args):
+    d_buffer = cuda.to_device(out_buffer)
+    d_args = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
+    error = None
+    try:
+        kernel[grid, block](out_view(d_buffer), *d_args)
+        cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 - reported to the check as data
+        error = f"{type(exc).__name__}: {str(exc)[:300]}"
+    return {"buffer": d_buffer.copy_to_host(), "launch_error": error}
+
+
+def launch_configs(cases):
+    fn = _student().launch_config
+    return [tuple(int(v) for v in fn(n, tpb)) for n, tpb in cases]
+
+
+def relu_1d(x, threads_per_block):
+    n = x.size
+    return _launch(_kernel("relu_kernel"), math.ceil(n / threads_per_block), threads_per_block,
+                   poisoned(n + CANARY, x.dtype), lambda d: d[:n], x)
+
+
+def saxpy_1d(a, x, y, threads_per_block):
+    n = x.size
+    return _launch(_kernel("saxpy_kernel"), math.ceil(n / threads_per_block), threads_per_block,
+                   poisoned(n + CANARY, x.dtype), lambda d: d[:n], x.dtype.type(a), x, y)
+
+
+def broadcast_add_2d(col, row, block):
+    rows, cols = col.size, row.size
+    grid = (math.ceil(cols / block[0]), math.ceil(rows / block[1]))
+    # Canary rows and columns around the output: an unguarded thread writes there.
+    buffer = poisoned((rows + block[1], cols + block[0]), col.dtype)
+    return _launch(_kernel("broadcast_add_kernel"), grid, tuple(block), buffer,
+                   lambda d: d[:rows, :cols], col, row)
+
+
+def host_relu(x, threads_per_block):
+    return _student().relu(x, threads_per_block)
+
+
+def host_saxpy(a, x, y, threads_per_block):
+    return _student().saxpy(a, x, y, threads_per_block)
+
+
+def host_broadcast_add(col, row, block):
+    return _student().broadcast_add(col, row, tuple(block))
+
+
+def saxpy_bandwidth(n, repeats=20):
+    """GPU tier: effective bandwidth of the student's saxpy kernel and of a
+    device-to-device copy of the same array, measured with CUDA events."""
+    kernel = _kernel("saxpy_kernel")
+    d_x = cuda.to_device(np.ones(n, np.float32))
+    d_y = cuda.to_device(np.ones(n, np.float32))
+    d_out = cuda.device_array(n, np.float32)
+    threads = 256
+    blocks = math.ceil(n / threads)
+
+    def timed(fn):
+        fn()
+        cuda.synchronize()
+        times = []
+        for _ in range(repeats):
+            start, stop = cuda.event(), cuda.event()
+            start.record()
+            fn()
+            stop.record()
+            stop.synchronize()
+            times.append(cuda.event_elapsed_time(start, stop) / 1e3)
+        return float(np.median(times))
+
+    t_saxpy = timed(lambda: kernel[blocks, threads](d_out, np.float32(2.0), d_x, d_y))
+    t_copy = timed(lambda: d_out.copy_to_device(d_x))
+    return {"saxpy_gbs": 3 * 4 * n / t_saxpy / 1e9, "copy_gbs": 2 * 4 * n / t_copy / 1e9,
+            "device": cuda.get_current_device().name.decode() if isinstance(cuda.get_current_device().name, bytes)
+            else str(cuda.get_current_device().name), "time": time.time()}

@@ -1,0 +1,87 @@
+"""``k2c doctor``: what this machine offers the course, and what to install."""
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as md
+import os
+import platform
+import shutil
+import sys
+
+from course.tier import describe_gpu, gpu_available
+
+PACKAGES = [  # (distribution, import name, what it is for, install hint)
+    ("numpy", "numpy", "arrays everywhere", "pip install numpy"),
+    ("numba", "numba", "modules 01-03: CPU parallel loops and CUDA kernels", "pip install numba numba-cuda"),
+    ("numba-cuda", "numba.cuda", "modules 02-03: numba.cuda and its simulator", "pip install numba-cuda"),
+    ("cupy-cuda12x", "cupy", "module 04 on a GPU (NumPy stands in on the CPU tier)", "pip install 'k2c[gpu]' (GPU machines only)"),
+    ("mpi4py", "mpi4py", "modules 05-06: MPI", "pip install mpich mpi4py"),
+    ("torch", "torch", "modules 07-13: training", "pip install torch==2.13.0"),
+    ("matplotlib", "matplotlib", "plots in lectures", "pip install matplotlib"),
+    ("jupyter", "jupyter_core", "lectures and handouts", "pip install jupyter"),
+    ("pytest", "pytest", "the autograder", "pip install pytest"),
+]
+
+
+def _version(dist: str) -> str | None:
+    for name in (dist, dist.replace("-cuda12x", "-cuda13x"), dist.replace("-cuda12x", "")):
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            continue
+    return None
+
+
+def _extra(module: str) -> str:
+    """A line of detail for the packages where the version alone says little."""
+    try:
+        if module == "mpi4py":
+            from mpi4py import MPI
+
+            mpiexec = os.path.join(sys.prefix, "bin", "mpiexec")
+            where = mpiexec if os.path.exists(mpiexec) else (shutil.which("mpiexec") or "no mpiexec found")
+            return f"{MPI.Get_library_version().splitlines()[0].strip()}; mpiexec: {where}"
+        if module == "torch":
+            import torch
+            import torch.distributed as dist
+
+            backends = [b for b, ok in (("gloo", dist.is_gloo_available()), ("nccl", dist.is_nccl_available()),
+                                        ("mpi", dist.is_mpi_available())) if ok]
+            cuda = f"CUDA {torch.version.cuda}, {torch.cuda.device_count()} device(s)" if torch.cuda.is_available() else "CPU build or no GPU"
+            return f"{cuda}; distributed backends: {', '.join(backends) or 'none'}"
+        if module == "cupy":
+            import cupy
+
+            return "usable" if cupy.is_available() else "installed, but no GPU: NumPy stands in"
+    except Exception as exc:  # report, don't crash the doctor
+        return f"import failed: {exc}"
+    return ""
+
+
+def report() -> tuple[str, bool]:
+    """The doctor's text, and whether everything the CPU tier needs is present."""
+    lines = [f"Python {platform.python_version()} ({sys.executable})",
+             f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores",
+             describe_gpu() if gpu_available() else "CPU tier: CUDA simulator (NUMBA_ENABLE_CUDASIM=1), NumPy stands in for CuPy",
+             ""]
+    healthy = True
+    for dist, module, purpose, hint in PACKAGES:
+        version = _version(dist)
+        if version is None:
+            optional = dist.startswith("cupy")
+            healthy &= optional
+            lines.append(f"  {'-' if optional else '✗'} {dist:<13} missing — {purpose}; install: {hint}")
+            continue
+        if module in ("mpi4py", "torch", "cupy"):
+            detail = _extra(module)
+        else:
+            try:
+                importlib.import_module(module if module != "numba.cuda" else "numba")
+                detail = ""
+            except Exception as exc:
+                detail, healthy = f"import failed: {exc}", False
+        lines.append(f"  ✓ {dist:<13} {version:<12} {purpose}" + (f"\n{'':18}{detail}" if detail else ""))
+    lines.append("")
+    lines.append("Everything the CPU tier needs is here." if healthy
+                 else "Something the course needs is missing: run 'make grade' (it installs everything), or the hints above.")
+    return "\n".join(lines) + "\n", healthy

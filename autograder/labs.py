@@ -1,0 +1,65 @@
+"""Where the labs are: one folder of checks per lab, ``autograder/checks/NN-slug``."""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+CHECKS_ROOT = Path(__file__).parent / "checks"
+
+
+class UsageError(Exception):
+    """A mistake in how the grader was called; exit status 2."""
+
+
+@dataclass(frozen=True)
+class Lab:
+    slug: str  # "02-cuda-model"
+    title: str
+    files: tuple[str, ...]  # the modules the student completes
+    timeout_s: float  # per call into student code
+    memory_mb: int
+
+    @property
+    def number(self) -> str:
+        return self.slug.split("-", 1)[0]
+
+    @property
+    def checks_dir(self) -> Path:
+        return CHECKS_ROOT / self.slug
+
+
+def all_labs() -> list[Lab]:
+    labs = []
+    for meta in sorted(CHECKS_ROOT.glob("*/lab.toml")):
+        data = tomllib.loads(meta.read_text())
+        labs.append(Lab(meta.parent.name, data["title"], tuple(data["files"]),
+                        float(data.get("timeout_s", 60)), int(data.get("memory_mb", 4096))))
+    return labs
+
+
+def find_lab(name: str) -> Lab:
+    """A lab by number (``2``, ``02``) or slug (``02-cuda-model``)."""
+    labs = all_labs()
+    for lab in labs:
+        if name in (lab.slug, lab.number) or (name.isdigit() and int(name) == int(lab.number)):
+            return lab
+    known = ", ".join(lab.slug for lab in labs)
+    raise UsageError(f"no lab called {name!r}; the labs are: {known} (or 'all')")
+
+
+def locate_submission(lab: Lab, root: Path) -> tuple[Path, str | None]:
+    """The folder holding the lab's files: ``root/NN-slug`` or ``root`` itself.
+
+    Returns the folder and, when the files are missing, a message saying so
+    (the lab is then graded as zero with that message, not refused).
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise UsageError(f"submission folder {str(root)!r} does not exist")
+    for candidate in (root / lab.slug, root):
+        if all((candidate / f).is_file() for f in lab.files):
+            return candidate.resolve(), None
+    where = root / lab.slug if (root / lab.slug).is_dir() else root
+    missing = [f for f in lab.files if not (where / f).is_file()]
+    return where.resolve(), f"the submission has no {', '.join(missing)} (looked in {where})"

@@ -1,0 +1,103 @@
+"""The pytest plugin that turns per-lab checks into a score.
+
+It runs in the grader's own process. Points come from ``@pytest.mark.points(n)``
+and statuses from how each check ended; nothing the student's code prints or
+writes is read here, only the values that checks compared.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from autograder.submission import Submission, SubmissionError
+
+
+@dataclass
+class CheckResult:
+    name: str
+    title: str
+    points: float
+    max_points: float
+    status: str  # passed, failed, error, timeout, skipped
+    feedback: str
+    duration_s: float
+
+
+def _title(item) -> str:
+    doc = (getattr(item, "function", None) and item.function.__doc__) or ""
+    title = doc.strip().splitlines()[0] if doc.strip() else item.name
+    if getattr(item, "callspec", None):
+        title += f" [{item.callspec.id}]"
+    return title
+
+
+def _status_and_feedback(excinfo) -> tuple[str, str]:
+    exc = excinfo.value
+    if isinstance(exc, SubmissionError):
+        return exc.status, str(exc)
+    if isinstance(exc, AssertionError):
+        text = str(exc).split("\nassert ")[0].strip() or "the result is wrong"
+        return "failed", text
+    return "error", f"{type(exc).__name__}: {str(exc)[:500]}"
+
+
+class GradingPlugin:
+    def __init__(self, submission: Submission, tier: str, missing: str | None = None, on_result=None):
+        self._submission = submission
+        self._tier = tier
+        self._missing = missing
+        self._on_result = on_result
+        self.results: list[CheckResult] = []
+        self._started: dict[str, float] = {}
+
+    # Fixtures the checks ask for.
+    @pytest.fixture
+    def submission(self) -> Submission:
+        if self._missing:
+            pytest.fail(self._missing, pytrace=False)
+        return self._submission
+
+    @pytest.fixture
+    def tier(self) -> str:
+        return self._tier
+
+    def pytest_configure(self, config):
+        config.addinivalue_line("markers", "points(n): what the check is worth")
+        config.addinivalue_line("markers", "gpu: needs the GPU tier (a CUDA device)")
+
+    def pytest_collection_modifyitems(self, items):
+        for item in items:
+            if item.get_closest_marker("gpu") and self._tier != "gpu":
+                item.add_marker(pytest.mark.skip(reason=f"needs a CUDA GPU (GPU tier); this run is {self._tier.upper()} tier"))
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        outcome = yield
+        report = outcome.get_result()
+        marker = item.get_closest_marker("points")
+        max_points = float(marker.args[0]) if marker else 1.0
+        if report.when == "setup":
+            self._started[item.nodeid] = time.monotonic()
+        if report.skipped:
+            reason = call.excinfo.value.msg if call.excinfo and hasattr(call.excinfo.value, "msg") else "skipped"
+            self._record(item, max_points, "skipped", str(reason), 0.0)
+        elif report.failed and report.when in ("setup", "call"):
+            status, feedback = _status_and_feedback(call.excinfo)
+            if report.when == "setup" and not isinstance(call.excinfo.value, SubmissionError):
+                status = "error"
+                feedback = getattr(call.excinfo.value, "msg", None) or feedback
+            self._record(item, max_points, status, feedback, self._elapsed(item))
+        elif report.passed and report.when == "call":
+            self._record(item, max_points, "passed", "", self._elapsed(item), points=max_points)
+
+    def _elapsed(self, item) -> float:
+        return time.monotonic() - self._started.get(item.nodeid, time.monotonic())
+
+    def _record(self, item, max_points, status, feedback, duration, points=0.0):
+        result = CheckResult(item.name.removeprefix("check_"), _title(item), points,
+                             max_points, status, feedback, duration)
+        self.results.append(result)
+        if self._on_result:
+            self._on_result(result)

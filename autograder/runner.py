@@ -1,0 +1,80 @@
+"""Grade one lab: run its checks, with pytest, in this process, against a submission."""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from autograder.labs import Lab, UsageError, locate_submission
+from autograder.plugin import CheckResult, GradingPlugin
+from autograder.sandbox import Limits
+from autograder.submission import Submission
+from course.tier import current_tier
+
+
+@dataclass
+class LabResult:
+    lab: str
+    title: str
+    tier: str
+    submission: str
+    checks: list[CheckResult] = field(default_factory=list)
+    duration_s: float = 0.0
+
+    @property
+    def score(self) -> float:
+        return sum(c.points for c in self.checks)
+
+    @property
+    def max_score(self) -> float:
+        return sum(c.max_points for c in self.checks if c.status != "skipped")
+
+
+def resolve_tier(requested: str) -> str:
+    found = current_tier()
+    if requested == "auto":
+        return found
+    if requested == "gpu" and found != "gpu":
+        raise UsageError("--tier gpu asked for, but this machine has no usable CUDA GPU "
+                         "(see 'k2c doctor'); use --tier cpu or auto")
+    return requested
+
+
+def child_environment(tier: str) -> dict[str, str]:
+    env = {"K2C_TIER": tier}
+    if tier == "cpu":
+        env["NUMBA_ENABLE_CUDASIM"] = "1"
+        # Races must have threads to race with, even on a small machine.
+        if (os.cpu_count() or 1) < 4:
+            env["NUMBA_NUM_THREADS"] = "4"
+    else:
+        env["NUMBA_ENABLE_CUDASIM"] = "0"
+    return env
+
+
+def grade(lab: Lab, submission_root: Path, tier: str, timeout_s: float | None = None,
+          select: str | None = None, on_result=None) -> LabResult:
+    start = time.monotonic()
+    folder, missing = locate_submission(lab, submission_root)
+    limits = Limits(timeout_s=timeout_s or lab.timeout_s, memory_mb=lab.memory_mb,
+                    address_space=(tier == "cpu"))
+    submission = Submission(folder, lab.checks_dir / "harness.py", tier, limits, child_environment(tier))
+    plugin = GradingPlugin(submission, tier, missing, on_result)
+    args = [str(lab.checks_dir), "-c", os.devnull, "--rootdir", str(lab.checks_dir),
+            "-o", "python_files=check_*.py", "-o", "python_functions=check_*",
+            "-p", "no:cacheprovider", "-p", "no:stepwise", "--import-mode=importlib",
+            "-q", "--no-header", "-W", "ignore::pytest.PytestAssertRewriteWarning"]
+    if select:
+        args += ["-k", select]
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        code = pytest.main(args, plugins=[plugin])
+    if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) and not plugin.results:
+        raise UsageError(f"the checks of lab {lab.slug} could not run (pytest exit {int(code)}):\n"
+                         + log.getvalue()[-2000:])
+    return LabResult(lab.slug, lab.title, tier, str(folder), plugin.results, time.monotonic() - start)

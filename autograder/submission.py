@@ -1,0 +1,80 @@
+"""The ``submission`` fixture: how a check calls into student code.
+
+``submission.call("cuda_basics.relu", x)`` imports the student's module and calls
+the function in a sandboxed child; ``submission.harness("launch_relu", ...)``
+runs a function of the lab's ``harness.py`` (grader code that must run next to
+the student's code, e.g. to launch their kernel on poisoned buffers) there.
+Either returns plain data, or raises one of the errors below, which the
+grading plugin turns into a status and a message a student can act on.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from autograder.sandbox import Limits, Outcome, run_call
+
+
+class SubmissionError(Exception):
+    """The student's code did not return a value; ``str()`` says why."""
+    status = "error"
+
+    def __init__(self, message: str, outcome: Outcome):
+        super().__init__(message)
+        self.outcome = outcome
+
+
+class NotImplementedYet(SubmissionError):
+    status = "failed"
+
+
+class SubmissionTimeout(SubmissionError):
+    status = "timeout"
+
+
+def _shorten(text: str, lines: int = 6, chars: int = 600) -> str:
+    kept = text.strip().splitlines()[:lines]
+    text = "\n".join(kept)
+    return text if len(text) <= chars else text[:chars] + "…"
+
+
+def explain(outcome: Outcome) -> str:
+    """One short paragraph on why a call failed."""
+    if outcome.status == "not_implemented":
+        msg = outcome.message.strip() or "not implemented yet"
+        return msg if msg.startswith("not implemented yet") else f"not implemented yet: {msg}"
+    if outcome.status == "raised":
+        text = f"{outcome.error_type}: {_shorten(outcome.message)}"
+        if outcome.where:
+            text += "\n  at " + "\n  at ".join(outcome.where)
+        return text
+    text = outcome.message
+    printed = outcome.output.strip()
+    if printed and outcome.status in ("crashed", "no_result", "exit", "memory"):
+        text += f"\n  last output: {_shorten(printed[-300:], lines=3)}"
+    return text
+
+
+class Submission:
+    def __init__(self, path: Path, harness_path: Path, tier: str, limits: Limits, env: dict[str, str]):
+        self.path = Path(path)
+        self.harness_path = Path(harness_path)
+        self.tier = tier
+        self.limits = limits
+        self.env = env
+
+    def call(self, dotted_name: str, *args, **kwargs):
+        module, func = dotted_name.rsplit(".", 1)
+        return self._run({"kind": "module", "module": module, "func": func}, args, kwargs)
+
+    def harness(self, func: str, *args, **kwargs):
+        return self._run({"kind": "harness", "path": str(self.harness_path), "func": func}, args, kwargs)
+
+    def _run(self, target: dict, args, kwargs):
+        request = {"submission": str(self.path), "target": target, "args": list(args), "kwargs": kwargs,
+                   "simulator": self.tier == "cpu"}
+        outcome = run_call(request, self.limits, self.env)
+        if outcome.status == "ok":
+            return outcome.value
+        error = {"not_implemented": NotImplementedYet, "timeout": SubmissionTimeout}.get(
+            outcome.status, SubmissionError)
+        raise error(explain(outcome), outcome)

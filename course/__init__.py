@@ -1,0 +1,9 @@
+"""The toolkit that lectures, labs and the autograder share.
+
+Small on purpose: which tier this machine is (``course.tier``), which array
+module to use (``course.arrays``), how to time code (``course.timing``) and how
+to draw what we measure (``course.plots``).
+"""
+from course.tier import current_tier, gpu_available, use_simulator_if_no_gpu
+
+__all__ = ["current_tier", "gpu_available", "use_simulator_if_no_gpu"]

@@ -1,0 +1,244 @@
+"""Pictures of the CUDA programming model, drawn with matplotlib.
+
+Each function draws on the ``ax`` it is given (or on a new, small figure) and
+returns that Axes, so a notebook cell can add a title or put several drawings
+side by side.
+
+- :func:`draw_launch_1d` -- which thread of which block touches which element
+  of a 1-D array, and which threads the guard leaves idle;
+- :func:`draw_launch_2d` -- a 2-D grid of blocks laid over a matrix, with the
+  grid's *x* along the columns and *y* along the rows;
+- :func:`draw_warps` -- how the threads of one block are cut into warps of 32;
+- :func:`plot_roofline` -- attainable performance ``P = min(P_peak, I * B)``.
+"""
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import Rectangle
+
+IDLE_COLOUR = "#d9d9d9"
+MISSED_EDGE = "#c0392b"
+
+
+# Light colours (ColorBrewer Set3 without its grey) so black labels stay legible.
+BLOCK_COLOURS = ["#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462",
+                 "#b3de69", "#fccde5", "#bc80bd", "#ccebc5", "#ffed6f"]
+
+
+def _block_colour(k: int):
+    return BLOCK_COLOURS[k % len(BLOCK_COLOURS)]
+
+
+def _new_axes(ax, size):
+    if ax is None:
+        _, ax = plt.subplots(figsize=size, layout="constrained")
+    return ax
+
+
+def _cell(ax, x, y, face, hatch=None, edge="white", lw=1.0):
+    ax.add_patch(Rectangle((x, y), 1, 1, facecolor=face, edgecolor=edge,
+                           hatch=hatch, linewidth=lw))
+
+
+def draw_launch_1d(n: int, threads_per_block: int, blocks: int | None = None,
+                   ax=None, cells_per_row: int | None = None):
+    """Draw a 1-D launch over an array of ``n`` elements.
+
+    Each cell is one thread of the grid, coloured by its block and labelled
+    ``b.t`` (``blockIdx.x`` and ``threadIdx.x``) above the element index it
+    touches. Threads whose global index is ``>= n`` are grey and marked
+    *idle*: the guard ``if i < n`` stops them. ``blocks`` defaults to the
+    smallest count that covers the array; pass a smaller one to see elements
+    that no thread touches (red outline, *missed*).
+
+    Long launches wrap into rows of ``cells_per_row`` cells (by default one
+    block per row once the grid has more than 24 threads).
+    """
+    if blocks is None:
+        blocks = max(1, math.ceil(n / threads_per_block))
+    launched = blocks * threads_per_block
+    total = max(n, launched)
+    if cells_per_row is None:
+        cells_per_row = total if total <= 24 else threads_per_block
+    rows = math.ceil(total / cells_per_row)
+    ax = _new_axes(ax, (min(0.45 * cells_per_row + 1.0, 11), 0.55 * rows + 0.8))
+    font = 8 if cells_per_row <= 16 else 6 if cells_per_row <= 32 else 4
+    for g in range(total):
+        x, y = g % cells_per_row, g // cells_per_row
+        if g >= launched:  # an element that no thread reaches
+            _cell(ax, x, y, "white", edge=MISSED_EDGE, lw=1.5)
+            ax.text(x + 0.5, y + 0.5, f"{g}\nmissed", ha="center", va="center",
+                    fontsize=font - 1, color=MISSED_EDGE)
+            continue
+        b, t = divmod(g, threads_per_block)
+        if g >= n:  # a thread past the end of the data
+            _cell(ax, x, y, IDLE_COLOUR, hatch="///")
+            ax.text(x + 0.5, y + 0.5, f"{b}.{t}\nidle", ha="center", va="center",
+                    fontsize=font - 1, color="#555555")
+        else:
+            _cell(ax, x, y, _block_colour(b))
+            ax.text(x + 0.5, y + 0.5, f"{b}.{t}\n[{g}]", ha="center", va="center",
+                    fontsize=font)
+    ax.set_xlim(0, cells_per_row)
+    ax.set_ylim(rows, 0)
+    ax.set_aspect("equal")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    for side in ax.spines.values():
+        side.set_visible(False)
+    idle = max(0, launched - n)
+    missed = max(0, n - launched)
+    note = f", {missed} elements missed" if missed else f", {idle} idle"
+    ax.set_title(f"n = {n}: {blocks} blocks × {threads_per_block} threads"
+                 f" = {launched} threads{note}   (cell: block.thread / [element])",
+                 fontsize=8)
+    return ax
+
+
+def draw_launch_2d(shape: tuple[int, int], block: tuple[int, int], ax=None,
+                   label_threads: bool | None = None):
+    """Draw a 2-D launch over a matrix of ``shape = (rows, cols)``.
+
+    ``block = (bx, by)``: ``bx`` threads along *x*, which runs along the
+    columns ``j``; ``by`` threads along *y*, which runs along the rows ``i``.
+    The grid has ``ceil(cols / bx) × ceil(rows / by)`` blocks. Cells are
+    coloured by block; hatched grey cells lie outside the matrix: threads the
+    guard leaves idle. Small drawings label each cell with its
+    ``threadIdx.x,threadIdx.y``; large ones label each block with its
+    ``blockIdx.x,blockIdx.y``.
+    """
+    rows, cols = shape
+    bx, by = block
+    gx, gy = math.ceil(cols / bx), math.ceil(rows / by)
+    width, height = gx * bx, gy * by
+    if label_threads is None:
+        label_threads = width * height <= 160
+    scale = 0.42 if label_threads else 4.5 / max(width, height)
+    ax = _new_axes(ax, (min(scale * width + 1.2, 8), min(scale * height + 1.0, 5.5)))
+    for bid_y in range(gy):
+        for bid_x in range(gx):
+            x0, y0 = bid_x * bx, bid_y * by
+            w_in, h_in = min(bx, cols - x0), min(by, rows - y0)
+            ax.add_patch(Rectangle((x0, y0), bx, by, facecolor=IDLE_COLOUR,
+                                   edgecolor="white", hatch="///", linewidth=0))
+            if w_in > 0 and h_in > 0:
+                ax.add_patch(Rectangle((x0, y0), w_in, h_in, linewidth=0,
+                                       facecolor=_block_colour(bid_y * gx + bid_x)))
+            if not label_threads and w_in > 0 and h_in > 0:
+                ax.text(x0 + w_in / 2, y0 + h_in / 2, f"{bid_x},{bid_y}", ha="center",
+                        va="center", fontsize=7)
+            ax.add_patch(Rectangle((x0, y0), bx, by, fill=False, edgecolor="black",
+                                   linewidth=1.2))
+    if label_threads:
+        font = 6 if width <= 12 else 5
+        for i in range(height):
+            for j in range(width):
+                inside = i < rows and j < cols
+                ax.add_patch(Rectangle((j, i), 1, 1, fill=False, edgecolor="white",
+                                       linewidth=0.6))
+                ax.text(j + 0.5, i + 0.5, f"{j % bx},{i % by}", ha="center",
+                        va="center", fontsize=font,
+                        color="black" if inside else "#666666")
+    ax.add_patch(Rectangle((0, 0), cols, rows, fill=False, edgecolor="black",
+                           linewidth=2.2, linestyle="--"))
+    ax.set_xlim(0, width)
+    ax.set_ylim(height, 0)
+    ax.set_aspect("equal")
+    ax.xaxis.set_label_position("top")
+    ax.xaxis.tick_top()
+    if label_threads:
+        ax.set_xticks([x + 0.5 for x in range(width)], [str(x) for x in range(width)])
+        ax.set_yticks([y + 0.5 for y in range(height)], [str(y) for y in range(height)])
+    else:
+        ax.set_xticks([b * bx for b in range(gx + 1)])
+        ax.set_yticks([b * by for b in range(gy + 1)])
+    ax.tick_params(length=0, labelsize=6)
+    ax.set_xlabel("j (column) = blockIdx.x·blockDim.x + threadIdx.x   →  grid x",
+                  fontsize=7)
+    ax.set_ylabel("i (row)  ↓  grid y", fontsize=7)
+    what = "threadIdx.x,threadIdx.y" if label_threads else "blockIdx.x,blockIdx.y"
+    ax.set_title(f"matrix {rows}×{cols} (dashed), block ({bx}, {by}), grid ({gx}, {gy})"
+                 f"\ngrey = idle threads; labels: {what}", fontsize=7)
+    return ax
+
+
+def draw_warps(threads_per_block: int, warp_size: int = 32, ax=None):
+    """Draw one block's threads cut into warps of ``warp_size`` lanes.
+
+    A warp always occupies all of its lanes; when ``threads_per_block`` is not
+    a multiple of the warp size, the last warp's spare lanes (grey) run
+    nothing but still take a slot.
+    """
+    warps = math.ceil(threads_per_block / warp_size)
+    ax = _new_axes(ax, (7, 0.28 * warps + 0.9))
+    for w in range(warps):
+        for lane in range(warp_size):
+            t = w * warp_size + lane
+            if t < threads_per_block:
+                _cell(ax, lane, w, _block_colour(w), edge="white", lw=0.5)
+            else:
+                _cell(ax, lane, w, IDLE_COLOUR, hatch="///", edge="white", lw=0.5)
+    ax.set_xlim(0, warp_size)
+    ax.set_ylim(warps, 0)
+    ax.set_yticks([w + 0.5 for w in range(warps)], [f"warp {w}" for w in range(warps)],
+                  fontsize=7)
+    ax.set_xticks([0.5, warp_size - 0.5], ["lane 0", f"lane {warp_size - 1}"], fontsize=7)
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    spare = warps * warp_size - threads_per_block
+    ax.set_title(f"{threads_per_block} threads per block → {warps} warps of {warp_size};"
+                 f" {spare} lanes wasted", fontsize=8)
+    return ax
+
+
+def _flops(p: float) -> str:
+    return f"{p / 1e12:.3g} TFLOP/s" if p >= 1e12 else f"{p / 1e9:.3g} GFLOP/s"
+
+
+def plot_roofline(peak_flops: float, bandwidth: float, kernels: dict[str, float],
+                  ax=None, label: str | None = None, color: str = "C0",
+                  intensity_range: tuple[float, float] | None = None):
+    """Plot the roofline ``P = min(peak_flops, I * bandwidth)`` on log-log axes.
+
+    ``peak_flops`` in FLOP/s, ``bandwidth`` in bytes/s, ``kernels`` maps a
+    name to its arithmetic intensity ``I`` in flop/byte. Each kernel is drawn
+    on the roof at the best performance it can reach; the ridge point
+    ``I* = peak_flops / bandwidth`` (left of it: memory bound, right of it:
+    compute bound) is marked. Call again on the same ``ax`` to add a second
+    roof, e.g. a measured bandwidth next to a datasheet one. The y axis is in
+    GFLOP/s.
+    """
+    ax = _new_axes(ax, (6, 3.6))
+    ridge = peak_flops / bandwidth
+    lo, hi = intensity_range or (
+        min([ridge / 100] + [v / 3 for v in kernels.values()]),
+        max([ridge * 30] + [v * 3 for v in kernels.values()]))
+    points = [lo * (hi / lo) ** (k / 200) for k in range(201)]
+    attain = [min(peak_flops, i * bandwidth) / 1e9 for i in points]
+    ax.loglog(points, attain, color=color, linewidth=2,
+              label=label or f"roof: {peak_flops / 1e12:g} TFLOP/s, "
+                             f"{bandwidth / 1e12:g} TB/s")
+    ax.axvline(ridge, color=color, linestyle=":", linewidth=1)
+    ax.annotate(f"ridge I* = {ridge:.3g} flop/B", (ridge, peak_flops / 1e9),
+                xytext=(6, -14), textcoords="offset points", fontsize=7, color=color)
+    placed: list[float] = []
+    for k, (name, intensity) in enumerate(kernels.items()):
+        p = min(peak_flops, intensity * bandwidth)
+        ax.plot([intensity], [p / 1e9], "o", color=f"C{(k + 1) % 10}", markersize=6,
+                markeredgecolor="black", zorder=3)
+        crowd = sum(1 for q in placed if max(q, intensity) / min(q, intensity) < 4)
+        placed.append(intensity)
+        ax.annotate(f"{name}: I = {intensity:.3g} flop/B\nP ≤ {_flops(p)}",
+                    (intensity, p / 1e9), xytext=(8, -22 - 24 * crowd),
+                    textcoords="offset points", fontsize=7,
+                    arrowprops=dict(arrowstyle="-", linewidth=0.5, color="grey"))
+    bottom, top = ax.get_ylim()
+    ax.set_ylim(bottom / 3, max(top, peak_flops / 1e9 * 3))
+    ax.set_xlabel("arithmetic intensity I (flop / byte)")
+    ax.set_ylabel("attainable P (GFLOP/s)")
+    ax.grid(True, which="major", linewidth=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    return ax

@@ -1,0 +1,68 @@
+"""Lab 01 — parallel thinking on a multicore CPU.
+
+Fill in the functions below. Each loop you parallelise uses numba's ``prange``:
+numba splits its iterations between threads, so an iteration must not depend on
+another one, and two iterations must never write to the same place unless numba
+knows it is a reduction (a scalar updated with ``+=``).
+
+Run the checks with ``k2c grade 01`` (from the repository root).
+"""
+import numba
+import numpy as np
+from numba import njit, prange
+
+
+@njit(parallel=True)
+def parallel_saxpy(a, x, y):
+    """Return ``a * x + y`` for 1-D arrays ``x`` and ``y`` (a *map*: every
+    element is independent of every other)."""
+    out = np.empty_like(x)
+    raise NotImplementedError('not implemented yet: parallel_saxpy: loop over the elements with prange and write out[i]')
+    return out
+
+
+@njit(parallel=True)
+def parallel_sum(x):
+    """Return the sum of a 1-D array (a *reduction*).
+
+    Accumulate into a local scalar with ``+=`` inside ``prange``; numba turns
+    that into one private partial sum per thread, combined at the end. An array
+    element used as the accumulator is *not* recognised and races.
+    """
+    raise NotImplementedError('not implemented yet: parallel_sum: total = 0.0, then total += x[i] inside a prange loop')
+
+
+@njit(parallel=True)
+def parallel_histogram(x, n_bins, lo, hi):
+    """Count the values of ``x`` in ``n_bins`` equal-width bins over ``[lo, hi]``.
+
+    Same convention as ``np.histogram(x, n_bins, (lo, hi))``: every bin is
+    half-open ``[left, right)`` except the last, which also holds ``hi``; values
+    outside ``[lo, hi]`` are not counted. Return an int64 array.
+
+    Threads that increment a shared ``counts[b] += 1`` lose updates. Give each
+    chunk of the input its own private row of counts, then add the rows up.
+    """
+    raise NotImplementedError('not implemented yet: parallel_histogram: one private row of counts per chunk (prange over chunks), then sum the rows')
+
+
+def amdahl_speedup(serial_fraction, p):
+    """Amdahl: speedup on ``p`` workers of a job whose ``serial_fraction`` cannot
+    be parallelised, at a fixed problem size."""
+    raise NotImplementedError('not implemented yet: amdahl_speedup: 1 / (f + (1 - f) / p)')
+
+
+def gustafson_speedup(serial_fraction, p):
+    """Gustafson: scaled speedup on ``p`` workers when the parallel part grows
+    with ``p`` and ``serial_fraction`` is measured on the parallel run."""
+    raise NotImplementedError('not implemented yet: gustafson_speedup: f + (1 - f) * p')
+
+
+def fit_amdahl(p, t):
+    """Fit Amdahl's law ``t(p) = t1 * (f + (1 - f) / p)`` to measured times.
+
+    ``p``: worker counts; ``t``: the time measured with each count.
+    Return ``(f, t1)``: the serial fraction and the fitted one-worker time.
+    Hint: the model is a straight line in ``1/p``.
+    """
+    raise NotImplementedError('not implemented yet: fit_amdahl: least squares of t on [1, 1/p] gives a = t1*f and b = t1*(1-f)')
