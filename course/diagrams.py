@@ -213,17 +213,21 @@ def plot_roofline(peak_flops: float, bandwidth: float, kernels: dict[str, float]
     """
     ax = _new_axes(ax, (6, 3.6))
     ridge = peak_flops / bandwidth
+    roofs = [line for line in ax.get_lines() if line.get_gid() == "roof"]
+    if intensity_range is None and roofs:  # share the first roof's x range
+        intensity_range = (min(roofs[0].get_xdata()), max(roofs[0].get_xdata()))
     lo, hi = intensity_range or (
         min([ridge / 100] + [v / 3 for v in kernels.values()]),
         max([ridge * 30] + [v * 3 for v in kernels.values()]))
     points = [lo * (hi / lo) ** (k / 200) for k in range(201)]
     attain = [min(peak_flops, i * bandwidth) / 1e9 for i in points]
-    ax.loglog(points, attain, color=color, linewidth=2,
+    ax.loglog(points, attain, color=color, linewidth=2, gid="roof",
               label=label or f"roof: {peak_flops / 1e12:g} TFLOP/s, "
                              f"{bandwidth / 1e12:g} TB/s")
     ax.axvline(ridge, color=color, linestyle=":", linewidth=1)
-    ax.annotate(f"ridge I* = {ridge:.3g} flop/B", (ridge, peak_flops / 1e9),
-                xytext=(6, -14), textcoords="offset points", fontsize=7, color=color)
+    ax.annotate(f"ridge I* = {ridge:.3g} flop/B", (ridge, 0.0),
+                xycoords=("data", "axes fraction"), xytext=(4, 6 + 12 * len(roofs)),
+                textcoords="offset points", fontsize=7, color=color)
     placed: list[float] = []
     for k, (name, intensity) in enumerate(kernels.items()):
         p = min(peak_flops, intensity * bandwidth)
@@ -231,14 +235,18 @@ def plot_roofline(peak_flops: float, bandwidth: float, kernels: dict[str, float]
                 markeredgecolor="black", zorder=3)
         crowd = sum(1 for q in placed if max(q, intensity) / min(q, intensity) < 4)
         placed.append(intensity)
+        right_of_ridge = intensity > ridge  # label below-left under the flat roof
         ax.annotate(f"{name}: I = {intensity:.3g} flop/B\nP ≤ {_flops(p)}",
-                    (intensity, p / 1e9), xytext=(8, -22 - 24 * crowd),
+                    (intensity, p / 1e9),
+                    xytext=(-8 if right_of_ridge else 8, -22 - 24 * crowd),
+                    ha="right" if right_of_ridge else "left",
                     textcoords="offset points", fontsize=7,
                     arrowprops=dict(arrowstyle="-", linewidth=0.5, color="grey"))
-    bottom, top = ax.get_ylim()
-    ax.set_ylim(bottom / 3, max(top, peak_flops / 1e9 * 3))
+    if not roofs:  # room below for the labels, above for the flat roof
+        bottom, top = ax.get_ylim()
+        ax.set_ylim(bottom / 3, max(top, peak_flops / 1e9 * 3))
     ax.set_xlabel("arithmetic intensity I (flop / byte)")
     ax.set_ylabel("attainable P (GFLOP/s)")
     ax.grid(True, which="major", linewidth=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left")
     return ax

@@ -230,14 +230,17 @@ def plot_gantt(tasks: Iterable[tuple[int, float, float, str]], ax: Axes | None =
     """A schedule as a Gantt chart: one row per worker.
 
     ``tasks`` holds ``(worker, start, duration, label)`` tuples; the label is
-    written on the bar. Worker 0 is drawn on top.
+    written on the bar, and bars with the same label share a colour. Worker 0 is
+    drawn on top.
     """
     tasks = list(tasks)
     if not tasks:
         raise ValueError("no tasks to draw")
     ax = _axes(ax, figsize=(6, 1.0 + 0.5 * len({t[0] for t in tasks})))
+    colors = {}  # one colour per distinct label, in order of appearance
     for worker, start, duration, label in tasks:
-        ax.barh(worker, duration, left=start, height=0.6, color="C1", edgecolor="black", alpha=0.85)
+        color = colors.setdefault(label, f"C{(len(colors) + 1) % 10}")
+        ax.barh(worker, duration, left=start, height=0.6, color=color, edgecolor="black", alpha=0.85)
         if label:
             ax.text(start + duration / 2, worker, label, ha="center", va="center", fontsize=8)
     workers = sorted({t[0] for t in tasks})

@@ -93,6 +93,7 @@ os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
 html_theme = "sphinx_book_theme"
 html_title = "Kernels to Clusters"
 html_short_title = "k2c"
+templates_path = ["_templates"]
 html_static_path = ["_static"]
 html_css_files = ["k2c.css"]
 html_last_updated_fmt = None

@@ -28,6 +28,10 @@ def check_sum_matches_numpy(submission):
 @pytest.mark.points(2)
 def check_sum_loses_no_updates(submission):
     """parallel_sum loses no updates when many threads add at once"""
+    found = submission.harness("races", "parallel_sum", RNG.integers(0, 9, 300).astype(np.float64))
+    assert not found, (
+        "parallel_sum has a data race: " + found[0] + (f" (and {len(found) - 1} more)" if len(found) > 1 else "")
+        + ". Accumulate into a scalar with += so numba makes it a reduction")
     ones = np.ones(CONTENDED)
     runs = submission.harness("call_repeatedly", "parallel_sum", 3, ones)
     for got in runs:
@@ -52,6 +56,10 @@ def check_histogram_matches_numpy(submission, n_bins, lo, hi):
 @pytest.mark.points(2)
 def check_histogram_loses_no_updates(submission):
     """parallel_histogram loses no counts when threads hit the same bins"""
+    found = submission.harness("races", "parallel_histogram", RNG.integers(0, 4, 300).astype(np.float64), 4, 0.0, 4.0)
+    assert not found, (
+        "parallel_histogram has a data race: " + found[0] + (f" (and {len(found) - 1} more)" if len(found) > 1 else "")
+        + ". Give each chunk of the input its own private counts, then add them up")
     x = RNG.integers(0, 4, CONTENDED).astype(np.float64)
     want, _ = np.histogram(x, 4, (0.0, 4.0))
     runs = submission.harness("call_repeatedly", "parallel_histogram", 3, x, 4, 0.0, 4.0)

@@ -24,3 +24,10 @@ def parallel_loops(name, *args):
         return -1
     diagnostics = fn.get_metadata(fn.signatures[-1]).get("parfor_diagnostics")
     return len(diagnostics.initial_parfors) if diagnostics is not None else 0
+
+
+def races(name, *args):
+    """Races in the function's prange loops, found by recording which iteration
+    touches which element (``course.races``): deterministic, unlike a timed run."""
+    from course.races import find_races
+    return find_races(_function(name), *args)

@@ -1,0 +1,51 @@
+"""What travels between grader and sandbox, and the two dependency lists."""
+import re
+import tomllib
+
+import numpy as np
+import pytest
+import yaml
+
+from autograder.codec import CodecError, decode, encode
+from conftest import REPO
+
+
+def test_codec_round_trip():
+    value = {"a": np.arange(6).reshape(2, 3), "b": (1, 2.5, "s", None, True), "c": [np.float32(1.5)]}
+    back = decode(encode(value))
+    assert np.array_equal(back["a"], value["a"]) and back["b"] == value["b"] and back["c"] == [1.5]
+
+
+@pytest.mark.parametrize("bad", [object(), np.array([object()]), {1: 2}])
+def test_codec_refuses_what_is_not_plain_data(bad):
+    with pytest.raises(CodecError):
+        encode(bad)
+
+
+def test_codec_refuses_forged_bytes():
+    with pytest.raises(CodecError):
+        decode(b"\x05\x00\x00\x00\x00\x00\x00\x00{garbage")
+    pickled = __import__("pickle").dumps({"status": "ok"})
+    with pytest.raises(CodecError):
+        decode(pickled)
+
+
+CONDA_TO_PYPI = {"pytorch": "torch"}
+
+
+def _name_and_spec(requirement: str) -> tuple[str, str]:
+    m = re.match(r"^([A-Za-z0-9_.\-]+)\s*(.*)$", requirement.strip())
+    return m.group(1).lower(), m.group(2).replace(" ", "").replace("=", "==").replace("====", "==").replace(">==", ">=")
+
+
+def test_environment_yml_agrees_with_pyproject():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pip_side = dict(_name_and_spec(r) for r in project["dependencies"] + project["optional-dependencies"]["dev"])
+    env = yaml.safe_load((REPO / "environment.yml").read_text())
+    conda_side = {}
+    for dep in env["dependencies"]:
+        if isinstance(dep, str) and not dep.startswith(("python=", "pip")):
+            name, spec = _name_and_spec(dep)
+            conda_side[CONDA_TO_PYPI.get(name, name)] = spec
+    assert conda_side == pip_side
+    assert "conda-forge" in env["channels"]

@@ -1,0 +1,120 @@
+"""The grader end to end, through the k2c command line."""
+import json
+import os
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from conftest import REPO, grade_json, k2c, statuses
+
+LABS = ["01-parallel-thinking", "02-cuda-model"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lab", LABS)
+def test_reference_scores_full_marks(lab):
+    report, proc = grade_json(REPO / "solutions", lab)
+    assert report["tier"] == "cpu"
+    assert report["score"] == report["max_score"] > 0, statuses(report)
+    skipped = [t for t in report["tests"] if t["status"] == "skipped"]
+    assert all("GPU tier" in t["feedback"] for t in skipped)
+
+
+@pytest.mark.slow
+def test_starters_score_zero_with_clear_messages():
+    proc = k2c("grade", "all", "--submission", REPO / "labs")
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    graded = [line for line in proc.stdout.splitlines() if " failed " in line or " passed " in line]
+    assert graded and all(" failed " in line for line in graded)
+    assert proc.stdout.count("not implemented yet") >= len(graded)
+    assert "Scoreboard" in proc.stdout and "total" in proc.stdout
+    for line in proc.stdout.splitlines():
+        if line.strip().startswith("Score:"):
+            assert line.split()[1].startswith("0/")
+
+
+HOSTILE_EDITS = (
+    ("def fit_amdahl(p, t):\n", "def fit_amdahl(p, t):\n    import os\n    os._exit(0)\n"),
+    ("def amdahl_speedup(serial_fraction, p):\n", "def amdahl_speedup(serial_fraction, p):\n    while True:\n        pass\n"),
+    ('import numba\n', 'import numba, json, os\n'
+     'print(json.dumps({"score": 100, "execution_time": 1, "tests": []}))\n'
+     'if os.environ.get("FORGE_PATH"):\n    open(os.environ["FORGE_PATH"], "w").write(\'{"score": 100}\')\n'),
+)
+
+
+@pytest.mark.slow
+def test_hostile_submission_loses_points_and_the_report_stays_honest(make_submission, tmp_path):
+    folder = make_submission("01-parallel-thinking", "cpu_parallel.py", HOSTILE_EDITS)
+    results = tmp_path / "results.json"
+    env = dict(os.environ, FORGE_PATH=str(results))
+    proc = k2c("grade", "01", "--submission", folder, "--format", "gradescope", "-o", results,
+               "--timeout", "5", "-k", "fit_amdahl or speedup_laws or saxpy_matches", env=env)
+    assert proc.returncode == 0, proc.stderr
+    gs = json.loads(results.read_text())
+    by_name = {t["name"].split(" [")[0]: t for t in gs["tests"]}
+    assert gs["score"] == 2  # only parallel_saxpy still earns its points
+    assert by_name["parallel_saxpy equals a*x + y"]["score"] == 2
+    speedup = by_name["amdahl_speedup and gustafson_speedup follow their formulas"]
+    assert speedup["score"] == 0 and "within 5 s" in speedup["output"]
+    for name, test in by_name.items():
+        if name.startswith("fit_amdahl"):
+            assert test["score"] == 0 and "os._exit" in test["output"]
+    # The forged JSON shows up only as quoted feedback ("last output: ..."), never as the grader's own output.
+    assert not any(line.lstrip().startswith('{"score": 100') for line in proc.stdout.splitlines())
+
+
+@pytest.mark.slow
+def test_report_formats(tmp_path):
+    gs_file, junit_file = tmp_path / "results.json", tmp_path / "junit.xml"
+    proc = k2c("grade", "02", "--submission", REPO / "solutions", "--format", "gradescope", "-o", gs_file)
+    assert proc.returncode == 0, proc.stderr
+    assert "Score: 16/16" in proc.stdout  # with -o the text table still goes to stdout
+    gs = json.loads(gs_file.read_text())
+    assert {"score", "execution_time", "output", "tests"} <= gs.keys()
+    assert gs["score"] == sum(t["score"] for t in gs["tests"]) == 16
+    for test in gs["tests"]:
+        assert {"name", "score", "max_score", "output", "visibility"} <= test.keys()
+    assert any(t["max_score"] == 0 and "GPU tier" in t["output"] for t in gs["tests"])
+
+    proc = k2c("grade", "02", "--submission", REPO / "solutions", "--format", "junit", "-o", junit_file,
+               "-k", "launch_config or bandwidth")
+    suite = ET.parse(junit_file).getroot().find("testsuite")
+    assert suite.get("name") == "02-cuda-model" and suite.get("tests") == "2" and suite.get("skipped") == "1"
+
+
+@pytest.mark.slow
+def test_gradescope_layout_flat_submission(tmp_path):
+    # Gradescope puts the student's files straight into the submission folder.
+    (tmp_path / "cuda_basics.py").write_text((REPO / "labs/02-cuda-model/cuda_basics.py").read_text())
+    report, _ = grade_json(tmp_path, "2", "-k", "launch_config")
+    assert report["lab"] == "02-cuda-model" and report["tests"][0]["status"] == "failed"
+
+
+def test_missing_file_is_graded_zero_with_a_message(tmp_path):
+    report, _ = grade_json(tmp_path, "02", "-k", "launch_config")
+    assert report["score"] == 0 and "has no cuda_basics.py" in report["tests"][0]["feedback"]
+
+
+def test_require_full_exits_one_below_the_maximum():
+    proc = k2c("grade", "02", "--submission", REPO / "labs", "--require-full", "-k", "launch_config")
+    assert proc.returncode == 1
+    proc = k2c("grade", "02", "--submission", REPO / "solutions", "--require-full", "-k", "launch_config")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (("grade", "99"), "no lab called '99'"),
+    (("grade", "02", "--submission", "/nonexistent"), "does not exist"),
+    (("grade", "02", "--tier", "gpu"), "no usable CUDA GPU"),
+])
+def test_usage_errors_exit_two(args, message):
+    proc = k2c(*args)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_doctor_reports_the_tier_and_the_stack():
+    proc = k2c("doctor")
+    assert proc.returncode == 0, proc.stdout
+    for needle in ("Python 3.", "CPU tier: CUDA simulator", "numba", "mpi4py", "MPICH", "torch", "gloo"):
+        assert needle in proc.stdout, needle
