@@ -7,7 +7,7 @@ writes is read here, only the values that checks compared.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -23,6 +23,7 @@ class CheckResult:
     status: str  # passed, failed, error, timeout, skipped
     feedback: str
     duration_s: float
+    metrics: dict = field(default_factory=dict)  # numbers a check measured (bandwidths, ratios)
 
 
 def _title(item) -> str:
@@ -51,6 +52,7 @@ class GradingPlugin:
         self._on_result = on_result
         self.results: list[CheckResult] = []
         self._started: dict[str, float] = {}
+        self._metrics: dict[str, dict] = {}
 
     # Fixtures the checks ask for.
     @pytest.fixture
@@ -62,6 +64,13 @@ class GradingPlugin:
     @pytest.fixture
     def tier(self) -> str:
         return self._tier
+
+    @pytest.fixture
+    def metrics(self, request) -> dict:
+        """A dict a check fills with what it measured; it goes into the report."""
+        found = {}
+        self._metrics[request.node.nodeid] = found
+        return found
 
     def pytest_configure(self, config):
         config.addinivalue_line("markers", "points(n): what the check is worth")
@@ -97,7 +106,7 @@ class GradingPlugin:
 
     def _record(self, item, max_points, status, feedback, duration, points=0.0):
         result = CheckResult(item.name.removeprefix("check_"), _title(item), points,
-                             max_points, status, feedback, duration)
+                             max_points, status, feedback, duration, self._metrics.get(item.nodeid, {}))
         self.results.append(result)
         if self._on_result:
             self._on_result(result)

@@ -44,7 +44,8 @@ def _lab_json(r: LabResult) -> dict:
         "lab": r.lab, "title": r.title, "tier": r.tier, "submission": r.submission,
         "score": r.score, "max_score": r.max_score, "duration_s": round(r.duration_s, 3),
         "tests": [{"name": c.name, "title": c.title, "points": c.points, "max_points": c.max_points,
-                   "status": c.status, "feedback": c.feedback, "duration_s": round(c.duration_s, 3)}
+                   "status": c.status, "feedback": c.feedback, "duration_s": round(c.duration_s, 3),
+                   **({"metrics": c.metrics} if c.metrics else {})}
                   for c in r.checks],
     }
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from autograder import codec
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,8 @@ def run_call(request: dict, limits: Limits, env: dict[str, str] | None = None) -
     child_env.update(env or {})
     child_env["K2C_RESULT_FD"] = str(write_end)
     child_env["PYTHONDONTWRITEBYTECODE"] = "1"
+    # The child must import the grader's own packages even when they are not installed.
+    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, child_env.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory(prefix="k2c-sandbox-") as tmp:
         log = os.path.join(tmp, "output.txt")
         start = time.monotonic()

@@ -50,6 +50,7 @@ extensions = [
 root_doc = "index"
 exclude_patterns = [
     "_build",
+    "gpu-results",  # included by gpu-tier.md, not pages of their own
     "_ext",
     "Thumbs.db",
     ".DS_Store",

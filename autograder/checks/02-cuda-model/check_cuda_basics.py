@@ -115,10 +115,12 @@ def check_host_broadcast_add(submission, tier):
 
 @pytest.mark.gpu
 @pytest.mark.points(3)
-def check_saxpy_bandwidth(submission):
+def check_saxpy_bandwidth(submission, metrics):
     """saxpy_kernel streams at a good fraction of device-copy bandwidth"""
     m = submission.harness("saxpy_bandwidth", 1 << 26)
     ratio = m["saxpy_gbs"] / m["copy_gbs"]
+    metrics.update(device=m["device"], saxpy_gbs=round(m["saxpy_gbs"], 1), copy_gbs=round(m["copy_gbs"], 1),
+                   ratio=round(ratio, 3), threshold=BANDWIDTH_RATIO_TO_PASS)
     assert ratio >= BANDWIDTH_RATIO_TO_PASS, (
         f"saxpy reached {m['saxpy_gbs']:.0f} GB/s, {ratio:.2f} of a device copy's {m['copy_gbs']:.0f} GB/s "
         f"on {m['device']} (needs {BANDWIDTH_RATIO_TO_PASS}): is every access coalesced (thread i touches element i)?")

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The GPU tier on every lab's reference, as one table. Run it on a CUDA machine:
+#
+#   bash scripts/gpu-check.sh [OUTPUT_DIR]      (default: docs/gpu-results)
+#
+# It needs numba + numba-cuda (and, for later modules, cupy, mpi4py, torch); no
+# install step, no network: the grader runs from this checkout. It stops itself
+# after 8 minutes. Commit OUTPUT_DIR/latest.md and gpu-check.json afterwards: the docs
+# show the table.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-docs/gpu-results}
+mkdir -p "$out"
+py=.venv/bin/python
+[ -x "$py" ] || py=$(command -v python3)
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+
+"$py" -c 'from course.tier import gpu_available, describe_gpu; import sys
+print(describe_gpu()); sys.exit(0 if gpu_available() else 3)' || { echo "no CUDA GPU here: nothing to check"; exit 3; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
+
+status=0
+timeout 480 "$py" -m autograder.cli grade all --submission solutions --tier gpu \
+  --format json -o "$out/gpu-check.json" --require-full || status=$?
+if [ -f "$out/gpu-check.json" ]; then
+  "$py" scripts/gpu_table.py "$out/gpu-check.json" | tee "$out/latest.md"
+fi
+exit $status
