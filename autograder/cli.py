@@ -21,6 +21,19 @@ def _default_submission() -> Path:
 
 def cmd_grade(args) -> int:
     from autograder import report
+    from autograder.labs import UsageError
+
+    try:
+        return _grade(args)
+    except UsageError as exc:
+        if args.output:  # a results file always exists, and says why grading failed
+            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.output).write_text(report.failure(args.format, str(exc)))
+        raise
+
+
+def _grade(args) -> int:
+    from autograder import report
     from autograder.labs import all_labs, find_lab
     from autograder.runner import grade, resolve_tier
 

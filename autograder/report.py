@@ -102,3 +102,20 @@ def junit(results: list[LabResult]) -> str:
 
 def render(results: list[LabResult], fmt: str) -> str:
     return {"text": text, "json": as_json, "gradescope": gradescope, "junit": junit}[fmt](results)
+
+
+def failure(fmt: str, message: str) -> str:
+    """A report for a run that could not grade at all, so a results file still
+    exists and says why (Gradescope shows ``output`` to the student)."""
+    text = f"The autograder could not run: {message}"
+    if fmt == "gradescope":
+        return json.dumps({"score": 0, "output": text, "tests": []}, indent=2) + "\n"
+    if fmt == "json":
+        return json.dumps({"error": message, "score": 0, "max_score": 0, "tests": []}, indent=2) + "\n"
+    if fmt == "junit":
+        suites = ET.Element("testsuites")
+        case = ET.SubElement(ET.SubElement(suites, "testsuite", name="k2c", tests="1", errors="1"), "testcase",
+                             classname="k2c", name="grading")
+        ET.SubElement(case, "error", message=text).text = text
+        return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+    return text + "\n"

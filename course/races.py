@@ -7,9 +7,13 @@ it as ``fn.py_func``) one iteration at a time, with ``prange`` and NumPy's
 array constructors swapped for recording versions, and writes down which
 iteration of each parallel loop read or wrote which memory address. Two
 different iterations writing the same element, or one writing what another
-reads, is a race under any schedule. Scalars accumulated with ``+=`` are
-numba reductions and are not arrays, so they are (rightly) not reported.
-Nested ``prange`` loops run serially inside the outer one, as in numba.
+reads, is a race. Iterations are dealt to ``THREADS`` threads in contiguous
+chunks, as numba's static schedule does, and ``numba.get_thread_id()`` answers
+accordingly, so two iterations of the same thread never count as a race (a
+per-thread scratch row indexed by the thread id is correct). Scalars
+accumulated with ``+=`` are numba reductions and are not arrays, so they are
+(rightly) not reported. Nested ``prange`` loops run serially inside the outer
+one, as in numba.
 """
 from __future__ import annotations
 
@@ -25,18 +29,18 @@ THREADS = 4  # what numba.get_num_threads() returns during the recorded run
 
 class _Recorder:
     def __init__(self):
-        self.loop = None  # (line of the prange loop, iteration) while inside one
-        self.writes = defaultdict(set)  # (line, address) -> iterations
-        self.reads = defaultdict(set)
+        self.loop = None  # (line of the prange loop, iteration, thread) while inside one
+        self.writes = defaultdict(dict)  # (line, address) -> {thread: an iteration of it}
+        self.reads = defaultdict(dict)
         self.described = {}  # (line, address) -> "element [i] of a (shape) dtype array"
 
     def note(self, array, key, table):
         if self.loop is None:
             return
-        line, iteration = self.loop
+        line, iteration, thread = self.loop
         plain = array.view(np.ndarray)
         for address, where in _addresses(plain, key):
-            table[(line, address)].add(iteration)
+            table[(line, address)].setdefault(thread, iteration)
             self.described.setdefault((line, address), f"element {where} of a {plain.shape} {plain.dtype} array")
 
 
@@ -78,8 +82,8 @@ def _recording_prange(*args):
 
     def iterations():
         try:
-            for i in loop_range:
-                _RECORDER.loop = (line, i)
+            for k, i in enumerate(loop_range):
+                _RECORDER.loop = (line, i, k * THREADS // len(loop_range))
                 yield i
         finally:
             _RECORDER.loop = None
@@ -110,7 +114,12 @@ def _numba_proxy() -> types.ModuleType:
     proxy.__dict__.update({k: v for k, v in vars(numba).items() if not k.startswith("__")})
     proxy.prange = _recording_prange
     proxy.get_num_threads = lambda: THREADS
+    proxy.get_thread_id = _thread_id
     return proxy
+
+
+def _thread_id() -> int:
+    return _RECORDER.loop[2] if _RECORDER is not None and _RECORDER.loop is not None else 0
 
 
 def find_races(fn, *args) -> list[str]:
@@ -122,7 +131,7 @@ def find_races(fn, *args) -> list[str]:
     global _RECORDER
     py_func = getattr(fn, "py_func", fn)
     replacements = {np: _numpy_proxy(), numba: _numba_proxy(), numba.prange: _recording_prange,
-                    numba.get_num_threads: (lambda: THREADS)}
+                    numba.get_num_threads: (lambda: THREADS), numba.get_thread_id: _thread_id}
     namespace = {k: replacements.get(v, v) if _hashable(v) else v for k, v in py_func.__globals__.items()}
     recorded = types.FunctionType(py_func.__code__, namespace, py_func.__name__, py_func.__defaults__,
                                   py_func.__closure__)
@@ -134,17 +143,16 @@ def find_races(fn, *args) -> list[str]:
         _RECORDER = None
     races = []
     for key, writers in recorder.writes.items():
-        line = key[0]
-        readers = recorder.reads.get(key, set())
+        line, what = key[0], recorder.described[key]
+        readers = {t: i for t, i in recorder.reads.get(key, {}).items() if t not in writers}
         if len(writers) > 1:
-            a, b = sorted(writers)[:2]
-            races.append(f"{line}: iterations {a} and {b} of the prange loop both write "
-                         f"{recorder.described[key]}")
-        elif readers - writers:
-            (w,) = writers
-            r = min(readers - writers)
-            races.append(f"{line}: iteration {w} of the prange loop writes {recorder.described[key]} "
-                         f"that iteration {r} reads")
+            (t1, i1), (t2, i2) = sorted(writers.items())[:2]
+            races.append(f"{line}: iterations {i1} and {i2} of the prange loop (threads {t1} and {t2}) "
+                         f"both write {what}")
+        elif readers:
+            (tw, iw), (tr, ir) = next(iter(writers.items())), min(readers.items())
+            races.append(f"{line}: iteration {iw} of the prange loop (thread {tw}) writes {what} "
+                         f"that iteration {ir} (thread {tr}) reads")
     return races
 
 

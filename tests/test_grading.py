@@ -118,3 +118,18 @@ def test_doctor_reports_the_tier_and_the_stack():
     assert proc.returncode == 0, proc.stdout
     for needle in ("Python 3.", "CPU tier: CUDA simulator", "numba", "mpi4py", "MPICH", "torch", "gloo"):
         assert needle in proc.stdout, needle
+
+
+def test_results_file_is_written_even_when_grading_cannot_run(tmp_path):
+    results = tmp_path / "results.json"
+    proc = k2c("grade", "02", "--tier", "gpu", "--format", "gradescope", "-o", results)
+    assert proc.returncode == 2
+    report = json.loads(results.read_text())
+    assert report["score"] == 0 and "could not run" in report["output"] and report["tests"] == []
+
+
+def test_syntax_error_is_reported_per_check(tmp_path):
+    (tmp_path / "cuda_basics.py").write_text("def launch_config(n, t)\n    return 1\n")
+    report, _ = grade_json(tmp_path, "02", "-k", "launch_config or relu_guard")
+    assert [t["status"] for t in report["tests"]] == ["error", "error"]
+    assert all("SyntaxError" in t["feedback"] and "cuda_basics.py, line 1" in t["feedback"] for t in report["tests"])

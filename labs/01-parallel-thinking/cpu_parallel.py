@@ -29,7 +29,7 @@ def parallel_sum(x):
     that into one private partial sum per thread, combined at the end. An array
     element used as the accumulator is *not* recognised and races.
     """
-    raise NotImplementedError('not implemented yet: parallel_sum: total = 0.0, then total += x[i] inside a prange loop')
+    raise NotImplementedError('not implemented yet: parallel_sum: accumulate into a local scalar inside a prange loop (numba makes that a reduction)')
 
 
 @njit(parallel=True)
@@ -49,13 +49,13 @@ def parallel_histogram(x, n_bins, lo, hi):
 def amdahl_speedup(serial_fraction, p):
     """Amdahl: speedup on ``p`` workers of a job whose ``serial_fraction`` cannot
     be parallelised, at a fixed problem size."""
-    raise NotImplementedError('not implemented yet: amdahl_speedup: 1 / (f + (1 - f) / p)')
+    raise NotImplementedError('not implemented yet: amdahl_speedup: on p workers the serial part still takes its share of the time; only the rest is divided by p')
 
 
 def gustafson_speedup(serial_fraction, p):
     """Gustafson: scaled speedup on ``p`` workers when the parallel part grows
     with ``p`` and ``serial_fraction`` is measured on the parallel run."""
-    raise NotImplementedError('not implemented yet: gustafson_speedup: f + (1 - f) * p')
+    raise NotImplementedError('not implemented yet: gustafson_speedup: the serial part stays, the parallel part does p times the work in the same time')
 
 
 def fit_amdahl(p, t):
@@ -65,4 +65,4 @@ def fit_amdahl(p, t):
     Return ``(f, t1)``: the serial fraction and the fitted one-worker time.
     Hint: the model is a straight line in ``1/p``.
     """
-    raise NotImplementedError('not implemented yet: fit_amdahl: least squares of t on [1, 1/p] gives a = t1*f and b = t1*(1-f)')
+    raise NotImplementedError('not implemented yet: fit_amdahl: fit t = a + b/p by least squares, then read f and t1 off a and b')

@@ -17,13 +17,13 @@ from numba import cuda
 def launch_config(n, threads_per_block=256):
     """Return ``(blocks_per_grid, threads_per_block)`` for a 1-D launch that gives
     at least one thread to each of ``n`` elements, with as few blocks as possible."""
-    raise NotImplementedError('not implemented yet: launch_config: blocks = ceil(n / threads_per_block), in integer arithmetic')
+    raise NotImplementedError('not implemented yet: launch_config: round the division up, in integer arithmetic')
 
 
 @cuda.jit
 def relu_kernel(out, x):
     """``out[i] = max(x[i], 0)`` — a map: one thread per element."""
-    raise NotImplementedError('not implemented yet: relu_kernel: i = cuda.grid(1); guard i < x.size; write out[i]')
+    raise NotImplementedError("not implemented yet: relu_kernel: find this thread's element, guard against the end of the data, write it")
 
 
 @cuda.jit
@@ -40,7 +40,7 @@ def broadcast_add_kernel(out, col, row):
     fast-moving index in memory, so neighbouring threads touch neighbouring
     addresses) and *y* along the rows ``i``.
     """
-    raise NotImplementedError('not implemented yet: broadcast_add_kernel: j, i = cuda.grid(2) (x first); guard both; write out[i, j]')
+    raise NotImplementedError('not implemented yet: broadcast_add_kernel: a 2-D global index (x along columns), a guard on both dimensions')
 
 
 def relu(x, threads_per_block=256):
@@ -58,4 +58,4 @@ def broadcast_add(col, row, block=(16, 16)):
 
     ``block`` is ``(threads along x, threads along y)``.
     """
-    raise NotImplementedError('not implemented yet: broadcast_add: grid = (ceil(row.size / bx), ceil(col.size / by)); launch; copy back')
+    raise NotImplementedError('not implemented yet: broadcast_add: a 2-D grid that covers the table (x along columns), launch, copy back')

@@ -32,7 +32,7 @@ def parallel_sum(x):
     that into one private partial sum per thread, combined at the end. An array
     element used as the accumulator is *not* recognised and races.
     """
-    # BEGIN SOLUTION: total = 0.0, then total += x[i] inside a prange loop
+    # BEGIN SOLUTION: accumulate into a local scalar inside a prange loop (numba makes that a reduction)
     total = 0.0
     for i in prange(x.size):
         total += x[i]
@@ -72,7 +72,7 @@ def parallel_histogram(x, n_bins, lo, hi):
 def amdahl_speedup(serial_fraction, p):
     """Amdahl: speedup on ``p`` workers of a job whose ``serial_fraction`` cannot
     be parallelised, at a fixed problem size."""
-    # BEGIN SOLUTION: 1 / (f + (1 - f) / p)
+    # BEGIN SOLUTION: on p workers the serial part still takes its share of the time; only the rest is divided by p
     return 1.0 / (serial_fraction + (1.0 - serial_fraction) / np.asarray(p, dtype=float))
     # END SOLUTION
 
@@ -80,7 +80,7 @@ def amdahl_speedup(serial_fraction, p):
 def gustafson_speedup(serial_fraction, p):
     """Gustafson: scaled speedup on ``p`` workers when the parallel part grows
     with ``p`` and ``serial_fraction`` is measured on the parallel run."""
-    # BEGIN SOLUTION: f + (1 - f) * p
+    # BEGIN SOLUTION: the serial part stays, the parallel part does p times the work in the same time
     return serial_fraction + (1.0 - serial_fraction) * np.asarray(p, dtype=float)
     # END SOLUTION
 
@@ -92,7 +92,7 @@ def fit_amdahl(p, t):
     Return ``(f, t1)``: the serial fraction and the fitted one-worker time.
     Hint: the model is a straight line in ``1/p``.
     """
-    # BEGIN SOLUTION: least squares of t on [1, 1/p] gives a = t1*f and b = t1*(1-f)
+    # BEGIN SOLUTION: fit t = a + b/p by least squares, then read f and t1 off a and b
     p = np.asarray(p, dtype=float)
     t = np.asarray(t, dtype=float)
     design = np.column_stack([np.ones_like(p), 1.0 / p])

@@ -17,7 +17,7 @@ from numba import cuda
 def launch_config(n, threads_per_block=256):
     """Return ``(blocks_per_grid, threads_per_block)`` for a 1-D launch that gives
     at least one thread to each of ``n`` elements, with as few blocks as possible."""
-    # BEGIN SOLUTION: blocks = ceil(n / threads_per_block), in integer arithmetic
+    # BEGIN SOLUTION: round the division up, in integer arithmetic
     blocks = (n + threads_per_block - 1) // threads_per_block
     return blocks, threads_per_block
     # END SOLUTION
@@ -26,7 +26,7 @@ def launch_config(n, threads_per_block=256):
 @cuda.jit
 def relu_kernel(out, x):
     """``out[i] = max(x[i], 0)`` — a map: one thread per element."""
-    # BEGIN SOLUTION: i = cuda.grid(1); guard i < x.size; write out[i]
+    # BEGIN SOLUTION: find this thread's element, guard against the end of the data, write it
     i = cuda.grid(1)
     if i < x.size:
         out[i] = max(x[i], 0.0)
@@ -51,7 +51,7 @@ def broadcast_add_kernel(out, col, row):
     fast-moving index in memory, so neighbouring threads touch neighbouring
     addresses) and *y* along the rows ``i``.
     """
-    # BEGIN SOLUTION: j, i = cuda.grid(2) (x first); guard both; write out[i, j]
+    # BEGIN SOLUTION: a 2-D global index (x along columns), a guard on both dimensions
     j, i = cuda.grid(2)
     if i < out.shape[0] and j < out.shape[1]:
         out[i, j] = col[i] + row[j]
@@ -86,7 +86,7 @@ def broadcast_add(col, row, block=(16, 16)):
 
     ``block`` is ``(threads along x, threads along y)``.
     """
-    # BEGIN SOLUTION: grid = (ceil(row.size / bx), ceil(col.size / by)); launch; copy back
+    # BEGIN SOLUTION: a 2-D grid that covers the table (x along columns), launch, copy back
     d_col = cuda.to_device(np.ascontiguousarray(col))
     d_row = cuda.to_device(np.ascontiguousarray(row))
     dtype = np.result_type(col.dtype, row.dtype)
