@@ -49,6 +49,7 @@ STATIC_PAGES = {
     "student-guide.html": "Student guide",
     "instructor-guide.html": "Instructor guide",
     "k2c.html": "k2c command reference",
+    "gpu-tier.html": "GPU tier: recorded results",
 }
 
 CHROMIUM_FLAGS = [

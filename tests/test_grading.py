@@ -35,7 +35,9 @@ def test_starters_score_zero_with_clear_messages():
 
 
 HOSTILE_EDITS = (
-    ("def fit_amdahl(p, t):\n", "def fit_amdahl(p, t):\n    import os\n    os._exit(0)\n"),
+    # the exact fit (7 timings) exits the interpreter; the noisy one (25 timings) asks for 50 GiB
+    ("def fit_amdahl(p, t):\n", "def fit_amdahl(p, t):\n    if len(p) > 10:\n        np.ones(50 * 2**30 // 8)\n"
+     "    import os\n    os._exit(0)\n"),
     ("def amdahl_speedup(serial_fraction, p):\n", "def amdahl_speedup(serial_fraction, p):\n    while True:\n        pass\n"),
     ('import numba\n', 'import numba, json, os\n'
      'print(json.dumps({"score": 100, "execution_time": 1, "tests": []}))\n'
@@ -49,17 +51,19 @@ def test_hostile_submission_loses_points_and_the_report_stays_honest(make_submis
     results = tmp_path / "results.json"
     env = dict(os.environ, FORGE_PATH=str(results))
     proc = k2c("grade", "01", "--submission", folder, "--format", "gradescope", "-o", results,
-               "--timeout", "5", "-k", "fit_amdahl or speedup_laws or saxpy_matches", env=env)
+               "--timeout", "5", "-k", "fit_amdahl or speedup_laws or saxpy_matches or sum_matches", env=env)
     assert proc.returncode == 0, proc.stderr
     gs = json.loads(results.read_text())
     by_name = {t["name"].split(" [")[0]: t for t in gs["tests"]}
-    assert gs["score"] == 2  # only parallel_saxpy still earns its points
+    assert gs["score"] == 4  # the untouched functions still earn their points
+    assert by_name["parallel_sum equals the exact sum of integer-valued data"]["score"] == 2
     assert by_name["parallel_saxpy equals a*x + y"]["score"] == 2
     speedup = by_name["amdahl_speedup and gustafson_speedup follow their formulas"]
     assert speedup["score"] == 0 and "within 5 s" in speedup["output"]
-    for name, test in by_name.items():
-        if name.startswith("fit_amdahl"):
-            assert test["score"] == 0 and "os._exit" in test["output"]
+    exact = by_name["fit_amdahl recovers the serial fraction and one-worker time from exact timings"]
+    assert exact["score"] == 0 and "os._exit" in exact["output"]
+    noisy = by_name["fit_amdahl stays close on timings with 2% measurement noise"]
+    assert noisy["score"] == 0 and "memory" in noisy["output"]
     # The forged JSON shows up only as quoted feedback ("last output: ..."), never as the grader's own output.
     assert not any(line.lstrip().startswith('{"score": 100') for line in proc.stdout.splitlines())
 
