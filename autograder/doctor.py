@@ -8,7 +8,7 @@ import platform
 import shutil
 import sys
 
-from course.tier import describe_gpu, gpu_available
+from course.tier import describe_gpu
 
 PACKAGES = [  # (distribution, import name, what it is for, install hint)
     ("numpy", "numpy", "arrays everywhere", "pip install numpy"),
@@ -62,7 +62,7 @@ def report() -> tuple[str, bool]:
     """The doctor's text, and whether everything the CPU tier needs is present."""
     lines = [f"Python {platform.python_version()} ({sys.executable})",
              f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores",
-             describe_gpu() if gpu_available() else "CPU tier: CUDA simulator (NUMBA_ENABLE_CUDASIM=1), NumPy stands in for CuPy",
+             describe_gpu(),
              ""]
     healthy = True
     for dist, module, purpose, hint in PACKAGES:

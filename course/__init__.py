@@ -1,8 +1,10 @@
 """The toolkit that lectures, labs and the autograder share.
 
 Small on purpose: which tier this machine is (``course.tier``), which array
-module to use (``course.arrays``), how to time code (``course.timing``) and how
-to draw what we measure (``course.plots``).
+module to use (``course.arrays``), how to time code (``course.timing``), how to
+draw what we measure and how kernels are launched (``course.plots``,
+``course.diagrams``), and how to see a race in a ``prange`` loop whatever the
+schedule (``course.races``).
 """
 from course.tier import current_tier, gpu_available, use_simulator_if_no_gpu
 
