@@ -12,6 +12,7 @@ import importlib.util
 import os
 import sys
 import tempfile
+import threading
 import traceback
 
 from autograder import codec
@@ -62,7 +63,12 @@ def main() -> None:
     sys.stdin.close()
     sys.stdin = open(os.devnull)
     if request.get("simulator"):
-        sys.setswitchinterval(1e-4)  # the CUDA simulator runs threads as Python threads
+        # The CUDA simulator runs every CUDA thread of a block as a Python thread:
+        # switch between them often (much faster), and give them small stacks, or
+        # a few blocks of 256 threads (8 MiB of address space each) would reach
+        # the RLIMIT_AS the sandbox sets.
+        sys.setswitchinterval(1e-4)
+        threading.stack_size(2 * 2**20)
     os.chdir(tempfile.mkdtemp(prefix="k2c-run-"))
     reply = run(request)
     try:

@@ -62,6 +62,13 @@ class Submission:
         self.limits = limits
         self.env = env
 
+    def in_simulator(self) -> "Submission":
+        """The same submission run in numba's CUDA simulator, whatever the tier: for
+        checks that inspect what a kernel does to memory (``course.cuda_audit``),
+        which only the simulator can show, rather than how fast it runs."""
+        return Submission(self.path, self.harness_path, "cpu", self.limits,
+                          dict(self.env, NUMBA_ENABLE_CUDASIM="1"))
+
     def call(self, dotted_name: str, *args, **kwargs):
         module, func = dotted_name.rsplit(".", 1)
         return self._run({"kind": "module", "module": module, "func": func}, args, kwargs)

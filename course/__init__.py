@@ -3,8 +3,10 @@
 Small on purpose: which tier this machine is (``course.tier``), which array
 module to use (``course.arrays``), how to time code (``course.timing``), how to
 draw what we measure and how kernels are launched (``course.plots``,
-``course.diagrams``), and how to see a race in a ``prange`` loop whatever the
-schedule (``course.races``).
+``course.diagrams``), how to see a race in a ``prange`` loop whatever the
+schedule (``course.races``) and what a CUDA kernel does to memory in the
+simulator (``course.cuda_audit``), and a recording stand-in for CUDA streams
+(``course.streams``).
 """
 from course.tier import current_tier, gpu_available, use_simulator_if_no_gpu
 

@@ -1,4 +1,5 @@
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -7,6 +8,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Tests that launch kernels in this process (course.cuda_audit) need numba's CUDA
+# simulator, which must be chosen before numba.cuda is first imported.
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 
 def k2c(*args, cwd=REPO, env=None, timeout=900):

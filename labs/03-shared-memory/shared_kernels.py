@@ -1,0 +1,126 @@
+"""Lab 03 — shared memory, synchronization and atomics (numba.cuda).
+
+In lab 02 every thread worked alone. Here the threads of a block cooperate
+through *shared memory*: a small scratchpad, private to the block, that is about
+as fast as registers. Cooperation needs two tools:
+
+* ``cuda.syncthreads()`` — a barrier: no thread of the block goes past it until
+  every thread has reached it, so what was written before it can be read after.
+* ``cuda.atomic.add`` — a read-modify-write that no other thread can interleave.
+
+Forget either and the kernel has a *race*: its answer depends on the order
+threads happen to run in. Races often give the right answer anyway, so the
+grader does not trust the answer alone: it records every memory access your
+kernel makes (``course.cuda_audit``) and looks for two threads that touch one
+element with no barrier between them.
+
+Sizes are fixed at compile time, as shared arrays need: ``THREADS`` threads per
+block for the 1-D kernels, ``TILE`` x ``TILE`` threads per block for the matmul.
+Run the checks with ``k2c grade 03`` (from the repository root).
+"""
+import numpy as np
+from numba import cuda, float32, int32
+
+THREADS = 128  # threads per block of block_sum_kernel, scan_block_kernel and histogram_kernel
+SCAN_SPAN = 2 * THREADS  # elements one block of scan_block_kernel scans (two per thread)
+TILE = 16  # tiled_matmul_kernel: a TILE x TILE block of threads computes a TILE x TILE tile of C
+MAX_BINS = 256  # histogram_kernel: shared-memory bins per block
+
+
+# -- 1. Reduction ---------------------------------------------------------------
+
+@cuda.jit
+def block_sum_kernel(partial, x):
+    """``partial[b]`` = the sum of the elements block ``b`` is responsible for.
+
+    The grid may be smaller than the data. Thread ``g`` of the grid (global
+    index ``g``, grid size ``G = gridDim.x * blockDim.x``) first adds up
+    ``x[g], x[g + G], x[g + 2G], ...`` on its own (a *grid-stride loop*); then
+    the block adds up its threads' sums in shared memory, as a tree: half the
+    threads add in the other half's values, then a quarter, ... with a barrier
+    between levels. Thread 0 writes the block's result.
+    """
+    raise NotImplementedError('not implemented yet: block_sum_kernel: grid-stride sum per thread; a shared array of THREADS floats; halve the active threads each step, syncthreads() between steps')
+
+
+def block_reduce(x, blocks=None):
+    """Host side: the sum of ``x`` (float32) in two launches of ``block_sum_kernel``:
+    ``blocks`` blocks make one partial sum each, then a single block adds those up.
+    ``blocks`` defaults to one block per ``THREADS`` elements, capped at 1024."""
+    raise NotImplementedError('not implemented yet: block_reduce: first pass writes one partial per block; the second pass is one block over the partials')
+
+
+# -- 2. Scan ----------------------------------------------------------------------
+
+@cuda.jit
+def scan_block_kernel(out, block_sums, x):
+    """Exclusive prefix sum of each ``SCAN_SPAN``-element segment of ``x`` (int32).
+
+    Block ``b`` scans ``x[b * SCAN_SPAN : (b + 1) * SCAN_SPAN]`` (elements past
+    the end count as 0): ``out[i]`` = the sum of the segment's elements *before*
+    ``i``, and ``block_sums[b]`` = the whole segment's sum. Use Blelloch's
+    work-efficient scan in shared memory: an up-sweep that builds partial sums in
+    a tree, then a down-sweep that pushes prefixes back down it.
+    """
+    raise NotImplementedError('not implemented yet: scan_block_kernel: each thread loads two elements; up-sweep with doubling offsets; clear the last element (saving the total); down-sweep; a barrier before every level')
+
+
+@cuda.jit
+def add_offsets_kernel(out, offsets):
+    """``out[i] += offsets[i // SCAN_SPAN]``: give every segment the sum of all
+    the segments before it."""
+    raise NotImplementedError('not implemented yet: add_offsets_kernel: one thread per element; guard; the segment of element i is i // SCAN_SPAN')
+
+
+def exclusive_scan(x):
+    """Host side: the exclusive prefix sum of ``x`` (int32) of any length.
+
+    Scan every segment, scan the segments' sums (the same problem, ``SCAN_SPAN``
+    times smaller: recurse), then add each segment's offset.
+    """
+    raise NotImplementedError('not implemented yet: exclusive_scan: scan_block_kernel over ceil(n / SCAN_SPAN) blocks; recurse on block_sums when there is more than one; add_offsets_kernel')
+
+
+# -- 3. Tiled matrix multiply -----------------------------------------------------
+
+@cuda.jit
+def tiled_matmul_kernel(C, A, B):
+    """``C = A @ B`` for float32 matrices of any shape, one TILE x TILE tile of C per block.
+
+    Thread ``(tx, ty)`` of block ``(bx, by)`` computes ``C[by*TILE + ty, bx*TILE + tx]``
+    (x runs along columns). The block walks along the shared dimension one tile
+    at a time: each thread loads *one* element of A's tile and one of B's into
+    shared memory (0 outside the matrices), the block waits, every thread adds
+    TILE products from shared memory, the block waits again, next tile. So each
+    element of A and B is read from global memory once per tile of C that needs
+    it, not once per element of C.
+    """
+    raise NotImplementedError('not implemented yet: tiled_matmul_kernel: two TILE x TILE shared arrays; for each tile along K: load (guarded, else 0), syncthreads, accumulate, syncthreads; guard the write')
+
+
+def tiled_matmul(A, B):
+    """Host side: ``A @ B`` (float32) with ``tiled_matmul_kernel``; returns a NumPy array."""
+    raise NotImplementedError('not implemented yet: tiled_matmul: a grid of ceil(cols / TILE) x ceil(rows / TILE) blocks of (TILE, TILE) threads')
+
+
+# -- 4. Histogram -------------------------------------------------------------------
+
+@cuda.jit
+def histogram_kernel(counts, values):
+    """Add one to ``counts[v]`` for every ``v`` in ``values`` (int32, each in
+    ``[0, counts.size)``, ``counts.size <= MAX_BINS``); ``counts`` starts at zero.
+
+    Many threads hit the same bin at once, so updates must be atomic. Atomics on
+    global memory from the whole grid are slow when they collide; give each block
+    its own copy of the bins in shared memory (*privatisation*), fill it with
+    atomics there (grid-stride over the values), then add each of the block's
+    bins to ``counts`` with one global atomic.
+    """
+    raise NotImplementedError('not implemented yet: histogram_kernel: zero MAX_BINS shared bins (strided by thread), syncthreads, atomic.add per value into shared, syncthreads, one atomic.add per bin into counts')
+
+
+def histogram(values, n_bins, blocks=None):
+    """Host side: ``np.bincount(values, minlength=n_bins)`` computed by
+    ``histogram_kernel`` (int32 counts). ``blocks`` defaults to one per
+    ``THREADS`` values, capped at 256."""
+    raise NotImplementedError('not implemented yet: histogram: zeroed device counts; launch with THREADS threads per block; copy back')
