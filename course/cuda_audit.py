@@ -130,10 +130,11 @@ class AuditLog:
             if not group:
                 continue
             requests += 1
-            sectors = {(a.array, a.offset // SECTOR_BYTES) for a in group}
-            elements = {(a.array, a.offset) for a in group}
-            touched += len(sectors)
-            needed += math.ceil(len(elements) * group[0].itemsize / SECTOR_BYTES)
+            sectors = len({(a.array, a.offset // SECTOR_BYTES) for a in group})
+            # What the warp asked for, packed: one item per thread (threads reading
+            # the same address get it broadcast, so never count more than touched).
+            touched += sectors
+            needed += min(sectors, math.ceil(len(group) * group[0].itemsize / SECTOR_BYTES))
         return {"requests": requests, "sectors": touched, "ideal_sectors": needed,
                 "efficiency": needed / touched if touched else 1.0}
 
@@ -290,11 +291,12 @@ def _patched_simulator():
         # One array per call site, as the simulator does, but fresh (poisoned) for
         # every block: on a GPU a block never sees another block's shared memory.
         site = (caller.f_code.co_filename, caller.f_lineno, tuple(threading.current_thread().blockIdx))
-        if site not in self._allocations:
-            fill = np.nan if dtype.kind == "f" else INT_POISON
-            name = f"{caller.f_code.co_name}:{caller.f_lineno}"
-            self._allocations[site] = SharedArray(np.full(shape, fill, dtype=dtype), name)
-        return self._allocations[site]
+        with _lock:  # the block's threads all ask at once: exactly one of them allocates
+            if site not in self._allocations:
+                fill = np.nan if dtype.kind == "f" else INT_POISON
+                name = f"{caller.f_code.co_name}:{caller.f_lineno}"
+                self._allocations[site] = SharedArray(np.full(shape, fill, dtype=dtype), name)
+            return self._allocations[site]
 
     def call(self, *args):
         if _log is not None and not (self._device or sim_kernel._kernel_context):

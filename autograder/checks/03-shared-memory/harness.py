@@ -29,6 +29,15 @@ def _kernel(name):
     return unstubbed(getattr(_student(), name))
 
 
+def _recording():
+    """In the simulator, an audit (which also poisons shared memory and allocates
+    it safely across the block's threads); on a GPU, nothing."""
+    if config.ENABLE_CUDASIM:
+        from course.cuda_audit import audit
+        return audit()
+    return contextlib.nullcontext()
+
+
 def _launch(kernel, grid, block, args, views=None, named=()):
     """Launch with device copies of ``args``; return the copies and what the audit saw.
 
@@ -39,13 +48,8 @@ def _launch(kernel, grid, block, args, views=None, named=()):
     """
     d_args = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
     given = [d[views[i]] if views and i in views else d for i, d in enumerate(d_args)]
-    if config.ENABLE_CUDASIM:
-        from course.cuda_audit import audit
-        recording = audit()
-    else:
-        recording = contextlib.nullcontext()
     error = None
-    with recording as log:
+    with _recording() as log:
         for position, name in named:
             if log is not None:
                 log.name(d_args[position], name)
@@ -112,19 +116,23 @@ def histogram_blocks(values, n_bins, blocks):
 # -- the host functions -------------------------------------------------------------
 
 def host_reduce(arrays):
-    return [float(_student().block_reduce(x)) for x in arrays]
+    with _recording():
+        return [float(_student().block_reduce(x)) for x in arrays]
 
 
 def host_scan(arrays):
-    return [_student().exclusive_scan(x) for x in arrays]
+    with _recording():
+        return [_student().exclusive_scan(x) for x in arrays]
 
 
 def host_matmul(A, B):
-    return _student().tiled_matmul(A, B)
+    with _recording():
+        return _student().tiled_matmul(A, B)
 
 
 def host_histogram(values, n_bins):
-    return _student().histogram(values, n_bins)
+    with _recording():
+        return _student().histogram(values, n_bins)
 
 
 # -- GPU tier: the same kernels against CuPy's, timed with CUDA events ---------------
