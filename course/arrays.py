@@ -19,3 +19,19 @@ def array_module() -> types.ModuleType:
     import numpy
 
     return numpy
+
+
+def get_array_module(*arrays) -> types.ModuleType:
+    """The module that owns ``arrays``: ``cupy`` for CuPy arrays, ``numpy`` for anything else.
+
+    It is ``cupy.get_array_module`` when CuPy imports; without CuPy nothing can
+    be a CuPy array, so the answer is NumPy. Code that calls ``xp =
+    get_array_module(x)`` and then only ``xp.exp``, ``xp.sum``… runs on both.
+    """
+    try:
+        import cupy
+    except ImportError:
+        import numpy
+
+        return numpy
+    return cupy.get_array_module(*arrays)

@@ -10,6 +10,8 @@ side by side.
   grid's *x* along the columns and *y* along the rows;
 - :func:`draw_warps` -- how the threads of one block are cut into warps of 32;
 - :func:`plot_roofline` -- attainable performance ``P = min(P_peak, I * B)``.
+- :func:`plot_stream_timeline` -- which engine of a GPU ran which chunk when
+  (a timeline from :mod:`course.streams`).
 """
 from __future__ import annotations
 
@@ -249,4 +251,27 @@ def plot_roofline(peak_flops: float, bandwidth: float, kernels: dict[str, float]
     ax.set_ylabel("attainable P (GFLOP/s)")
     ax.grid(True, which="major", linewidth=0.3)
     ax.legend(fontsize=7, loc="upper left")
+    return ax
+
+
+ENGINE_NAMES = {"h2d": "H→D copy", "copy": "copy (both ways)", "compute": "compute", "d2h": "D→H copy"}
+
+
+def plot_stream_timeline(spans, ax=None, title: str | None = None):
+    """A :func:`course.streams.timeline` as a Gantt chart: one row per engine,
+    one colour per chunk, the chunk's number on each bar.
+
+    ``spans`` are :class:`course.streams.Span` objects or the dicts of a
+    ``RecordingStreams.report()``.
+    """
+    from course.plots import plot_gantt
+
+    spans = [s if isinstance(s, dict) else vars(s) for s in spans]
+    rows = [e for e in ENGINE_NAMES if any(s["engine"] == e for s in spans)]
+    tasks = [(rows.index(s["engine"]), s["start"], s["end"] - s["start"], str(s["chunk"])) for s in spans]
+    ax = plot_gantt(tasks, ax=ax)
+    ax.set_yticks(range(len(rows)), [ENGINE_NAMES[e] for e in rows])
+    ax.set_xlabel("time (s, model GPU)")
+    if title:
+        ax.set_title(title, fontsize=9)
     return ax

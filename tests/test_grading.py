@@ -7,7 +7,7 @@ import pytest
 
 from conftest import REPO, grade_json, k2c, statuses
 
-LABS = ["01-parallel-thinking", "02-cuda-model"]
+LABS = sorted(p.parent.name for p in (REPO / "autograder" / "checks").glob("*/lab.toml"))
 
 
 @pytest.mark.slow

@@ -1,0 +1,355 @@
+"""Checks for lab 04: fused GELU, stable softmax, the stream pipeline, zero-copy, roofline.
+
+Oracles are independent of the reference: torch's GELU (tanh) and softmax,
+closed-form pipeline makespans, hand-computed roofline cases.
+
+CPU tier: the NumPy paths; the pipeline's schedule as recorded by
+``course.streams.RecordingStreams`` and replayed on its model GPU.
+GPU tier: the CuPy paths, and ratios measured in one run — fused against
+unfused, pipelined against serial — plus the measured roofline, which
+``scripts/gpu-check.sh`` records for the lecture.
+"""
+import numpy as np
+import pytest
+import torch
+
+from autograder.checking import expect_array, expect_close
+
+SEED = 2026
+
+# GPU-tier thresholds: conservative guesses from the model, not yet validated on hardware.
+FUSED_SPEEDUP_TO_PASS = 2.0  # unfused bias+GELU makes ~9 passes over memory, fused 1
+OVERLAP_SPEEDUP_TO_PASS = 1.4  # model: 8 chunks, compute = max(host staging, copy): ideal ~2.4-2.9
+
+# A model GPU with round costs: every stage of a (32, 64) float32 chunk (8 KiB) takes 1 s.
+CHUNK_SHAPE, CHUNK_BYTES = (32, 64), 32 * 64 * 4
+BALANCED = {"h2d_s_per_byte": 1 / CHUNK_BYTES, "d2h_s_per_byte": 1 / CHUNK_BYTES,
+            "compute_s_per_byte": 1 / CHUNK_BYTES}
+COMPUTE_BOUND = dict(BALANCED, compute_s_per_byte=3 / CHUNK_BYTES)
+
+
+def _rng(offset=0):
+    return np.random.default_rng(SEED + offset)
+
+
+def _gelu_oracle(z):
+    """GELU (tanh approximation) of ``z``, computed by torch in float64."""
+    return torch.nn.functional.gelu(torch.from_numpy(z.astype(np.float64)), approximate="tanh").numpy()
+
+
+def _softmax_oracle(x):
+    return torch.softmax(torch.from_numpy(x.astype(np.float64)), dim=-1).numpy()
+
+
+def _expect_same_kind(got, x, what):
+    assert isinstance(got, np.ndarray), f"{what}: expected a NumPy array for NumPy input, got {type(got).__name__}"
+    assert got.dtype == x.dtype, (
+        f"{what}: the input is {x.dtype} but the result is {got.dtype}. A NumPy float64 scalar such as "
+        "np.sqrt(2 / np.pi) or np.pi promotes float32 arrays; use Python floats (math.sqrt, math.pi)")
+
+
+# --- 1. Fused bias + GELU --------------------------------------------------
+
+@pytest.mark.points(3)
+def check_bias_gelu_matches_torch(submission):
+    """bias_gelu(x, bias) on NumPy arrays equals torch's GELU (tanh) of x + bias"""
+    cases = [((37, 53), np.float32, 3.0), ((1, 1), np.float64, 1.0), ((5, 7, 129), np.float32, 8.0),
+             ((300,), np.float64, 5.0)]
+    for k, (shape, dtype, scale) in enumerate(cases):
+        x = (scale * _rng(k).standard_normal(shape)).astype(dtype)
+        bias = _rng(10 + k).standard_normal(shape[-1]).astype(dtype)
+        got = submission.call("cupy_streams.bias_gelu", x, bias)
+        what = f"bias_gelu on a {shape} {np.dtype(dtype).name} array"
+        _expect_same_kind(got, x, what)
+        tol = {"rtol": 2e-6, "atol": 1e-6} if dtype == np.float32 else {"rtol": 1e-12, "atol": 1e-12}
+        expect_array(got, _gelu_oracle(x + bias), what, **tol)
+
+
+# --- 2. Backend-generic, stable softmax ------------------------------------
+
+@pytest.mark.points(2)
+def check_softmax_matches_torch(submission):
+    """softmax_rows equals torch.softmax along the last axis (odd shapes, float32 and float64)"""
+    cases = [((37, 53), np.float32), ((1, 1), np.float64), ((4, 5, 129), np.float64), ((3, 2), np.float32)]
+    for k, (shape, dtype) in enumerate(cases):
+        x = (4 * _rng(20 + k).standard_normal(shape)).astype(dtype)
+        got = submission.call("cupy_streams.softmax_rows", x)
+        what = f"softmax_rows on a {shape} {np.dtype(dtype).name} array"
+        _expect_same_kind(got, x, what)
+        tol = {"rtol": 1e-5, "atol": 1e-7} if dtype == np.float32 else {"rtol": 1e-12, "atol": 1e-15}
+        expect_array(got, _softmax_oracle(x), what, **tol)
+
+
+@pytest.mark.points(2)
+def check_softmax_stable_for_huge_inputs(submission):
+    """softmax_rows stays finite and correct for inputs around 1e4 (no overflow)"""
+    x = np.array([[1e4, 1e4 - 1, 1e4 - 2, -1e4], [-1e4, -1e4, -1e4, -1e4], [3e4, 0.0, -3e4, 2.9999e4],
+                  [800.0, 801.0, 799.0, 0.0]])
+    for dtype in (np.float64, np.float32):
+        xs = x.astype(dtype)
+        got = submission.call("cupy_streams.softmax_rows", xs)
+        what = f"softmax_rows on inputs near ±1e4 ({np.dtype(dtype).name})"
+        _expect_same_kind(got, xs, what)
+        bad = int((~np.isfinite(got)).sum())
+        assert bad == 0, (f"{what}: {bad} of {got.size} results are NaN or inf: exp(1e4) overflows. "
+                          "Softmax does not change if each row is shifted by a constant; which constant "
+                          "keeps every exponent at or below 0?")
+        expect_array(got, _softmax_oracle(xs), what, rtol=1e-5, atol=1e-7)
+
+
+# --- 3. The stream pipeline, on the recording stand-in ---------------------
+
+def _chunks(sizes, offset=0, cols=CHUNK_SHAPE[1]):
+    return [_rng(40 + offset + i).standard_normal((rows, cols)).astype(np.float32) for i, rows in enumerate(sizes)]
+
+
+def _pipeline(submission, chunks, n_streams, function="affine", costs=None):
+    run = submission.harness("recorded_pipeline", chunks, n_streams, function, costs)
+    assert run["results"] is not None, "pipelined_apply returned None: return the list of host results"
+    assert run["f_calls"] == run["compute_ops"] == len(chunks), (
+        f"f ran {run['f_calls']} times, {run['compute_ops']} of them through gpu.launch, for {len(chunks)} "
+        "chunks: run f once per chunk, with gpu.launch(f, device_array, stream=...)")
+    return run
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("function", ["affine", "row_sums"], ids=["same shape", "row sums"])
+def check_pipeline_results(submission, function):
+    """pipelined_apply returns f of every chunk, in order (chunks of unequal size)"""
+    chunks = _chunks([32, 32, 17, 32, 1, 32, 9])
+    for n_streams in (2, 3):
+        run = _pipeline(submission, chunks, n_streams, function)
+        got = run["results"]
+        assert len(got) == len(chunks), f"{len(chunks)} chunks in, {len(got)} results out"
+        for i, (chunk, result) in enumerate(zip(chunks, got)):
+            want = 2 * chunk + 1 if function == "affine" else chunk.sum(axis=-1, dtype=np.float64)
+            expect_array(result, want, f"result {i} with {n_streams} streams", rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.points(2)
+def check_pipeline_issues_next_copy_before_waiting(submission):
+    """The copy of chunk i+1 is issued before the host waits for the compute of chunk i"""
+    for n_streams in (2, 3):
+        run = _pipeline(submission, _chunks([32] * 6), n_streams)
+        early = run["copy_issued_before_wait"]
+        late = [i for i, ok in enumerate(early) if not ok]
+        assert not late, (
+            f"with {n_streams} streams, the host waited for the compute of chunk(s) {late} before issuing the "
+            "next chunk's copy to the device, so that copy cannot overlap it: do not synchronize (or copy "
+            "into pageable memory, which waits too) inside the loop")
+
+
+def _pipe_bound(chunks, costs):
+    """Closed form for equal chunks on three engines: the busiest engine's total,
+    plus the other two stages of one chunk (filling and draining the pipeline)."""
+    stage = {k: CHUNK_BYTES * costs[f"{k}_s_per_byte"] for k in ("h2d", "compute", "d2h")}
+    total = {k: v * len(chunks) for k, v in stage.items()}
+    serial = sum(total.values())
+    busiest = max(total, key=total.get)
+    return serial, total[busiest] + sum(v for k, v in stage.items() if k != busiest)
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("n_streams, costs", [(2, BALANCED), (3, BALANCED), (3, COMPUTE_BOUND)],
+                         ids=["2 streams", "3 streams", "3 streams, compute-bound"])
+def check_pipeline_overlaps(submission, n_streams, costs):
+    """On the model GPU the pipeline beats the serial makespan as the formula predicts"""
+    chunks = _chunks([CHUNK_SHAPE[0]] * 8, offset=20)
+    run = _pipeline(submission, chunks, n_streams, costs=costs)
+    t_serial, t_pipe = _pipe_bound(chunks, costs)
+    got = run["makespan"]
+    # Two streams hold two chunks in flight, so three engines cannot all be busy: about 1.5 stages per chunk.
+    limit = 0.6 * t_serial if n_streams == 2 else 1.02 * t_pipe
+    assert got <= limit, (
+        f"{len(chunks)} chunks on {n_streams} streams took {got:.3g} s on the model GPU; serial is "
+        f"T_serial = ΣT_h2d + ΣT_comp + ΣT_d2h = {t_serial:.3g} s, a full pipeline "
+        f"T_pipe = max(ΣT_h2d, ΣT_comp, ΣT_d2h) + one chunk's other stages = {t_pipe:.3g} s "
+        f"(needed ≤ {limit:.3g} s). Chunk i goes to stream i % n_streams, copies use pinned buffers, "
+        "and the host waits once, at the end")
+
+
+@pytest.mark.points(1)
+def check_pipeline_uses_n_streams(submission):
+    """pipelined_apply spreads the chunks over n_streams streams"""
+    chunks = _chunks([8] * 6, offset=30)
+    for n_streams in (1, 2, 3, 5):
+        run = _pipeline(submission, chunks, n_streams)
+        want = min(n_streams, len(chunks))
+        assert run["streams_used"] == want, (
+            f"n_streams={n_streams}: the work went to {run['streams_used']} stream(s), expected {want}")
+        expect_array(run["results"][-1], 2 * chunks[-1] + 1, f"last result with n_streams={n_streams}")
+
+
+@pytest.mark.points(1)
+def check_pipeline_uses_pinned_buffers(submission):
+    """Every copy goes through a page-locked buffer from gpu.pinned_empty"""
+    run = _pipeline(submission, _chunks([16] * 4, offset=50), 2)
+    assert run["pageable_copies"] == 0, (
+        f"{run['pageable_copies']} copies used pageable host memory (an ordinary NumPy array): such a copy "
+        "blocks the host until it is done, so nothing overlaps. Stage each chunk into gpu.pinned_empty "
+        "and copy results back into pinned buffers")
+
+
+@pytest.mark.points(2)
+def check_pipeline_no_hazards(submission):
+    """No device array is used out of stream order, and no result is read before it has arrived"""
+    for n_streams in (2, 3):
+        run = _pipeline(submission, _chunks([16, 16, 16, 5], offset=60), n_streams)
+        assert not run["hazards"], f"with {n_streams} streams: " + "; ".join(run["hazards"][:3])
+
+
+# --- 4. Zero-copy ------------------------------------------------------------
+
+@pytest.mark.points(1)
+def check_to_torch_shares_memory(submission):
+    """to_torch(numpy_array) is a tensor on the same memory (DLPack), not a copy"""
+    values = np.arange(7, dtype=np.float32) / 3
+    got = submission.harness("torch_view_of_numpy", values)
+    assert got["type"] == "Tensor", f"to_torch returned a {got['type']}, expected a torch.Tensor"
+    expect_array(got["values"], values, "to_torch(x) values")
+    assert got["same_pointer"] and got["write_seen_by_numpy"], (
+        "the tensor does not share the array's memory (a write through it is not seen by NumPy): "
+        "torch.tensor copies; DLPack wraps the same buffer")
+
+
+@pytest.mark.points(1)
+def check_from_torch_shares_memory(submission):
+    """from_torch(cpu_tensor) is a NumPy array on the same memory, not a copy"""
+    values = [1.5, 2.5, -3.0, 4.0]
+    got = submission.harness("numpy_view_of_torch", values)
+    assert got["type"] == "ndarray", f"from_torch returned a {got['type']}, expected a NumPy array"
+    expect_array(got["values"], np.array(values, dtype=np.float32), "from_torch(t) values")
+    assert got["same_pointer"] and got["write_seen_by_numpy"], (
+        "the array does not share the tensor's memory (a write to the tensor is not seen): "
+        "np.array(t) copies; DLPack wraps the same buffer")
+
+
+# --- 5. Roofline -------------------------------------------------------------
+
+H200 = (67e12, 4.8e12)  # FP32 FLOP/s, HBM B/s (datasheet); ridge ~14 flop/B
+SMALL = (10e12, 1e12)  # a made-up card with ridge 10 flop/B
+ROOFLINE_CASES = [  # (name, flops, bytes, device, attainable, bound), worked by hand
+    ("SAXPY, n = 1e6, H200", 2e6, 12e6, H200, 4.8e12 / 6, "memory-bound"),
+    ("matmul n = 4096, H200", 2 * 4096**3, 3 * 4 * 4096**2, H200, 67e12, "compute-bound"),
+    ("I = 10 on H200", 10e9, 1e9, H200, 48e12, "memory-bound"),
+    ("I = 20 on H200", 20e9, 1e9, H200, 67e12, "compute-bound"),
+    ("I = 5, ridge 10", 5e9, 1e9, SMALL, 5e12, "memory-bound"),
+    ("I = 12, ridge 10", 12e9, 1e9, SMALL, 10e12, "compute-bound"),
+]
+
+
+@pytest.mark.points(1)
+def check_arithmetic_intensity(submission):
+    """arithmetic_intensity is flops per byte"""
+    for flops, nbytes, want in [(2e6, 12e6, 1 / 6), (2 * 4096**3, 3 * 4 * 4096**2, 4096 / 6), (7, 2, 3.5)]:
+        got = submission.call("cupy_streams.arithmetic_intensity", flops, nbytes)
+        expect_close(got, want, f"arithmetic_intensity({flops:g}, {nbytes:g})", rel=1e-9)
+
+
+def _roofline(submission, name, flops, nbytes, device):
+    got = submission.call("cupy_streams.roofline", flops, nbytes, *device)
+    assert isinstance(got, (tuple, list)) and len(got) == 2, (
+        f"roofline should return (attainable, bound), got {got!r}")
+    return got
+
+
+@pytest.mark.points(2)
+def check_roofline_classifies(submission):
+    """roofline says memory-bound left of the ridge point and compute-bound right of it"""
+    for name, flops, nbytes, device, _, bound in ROOFLINE_CASES:
+        _, got = _roofline(submission, name, flops, nbytes, device)
+        ridge = device[0] / device[1]
+        assert got == bound, (f"{name}: I = {flops / nbytes:.3g} flop/B against a ridge point of "
+                              f"{ridge:.3g} flop/B (peak FLOP/s / bandwidth) is {bound}, got {got!r}")
+
+
+@pytest.mark.points(1)
+def check_roofline_attainable(submission):
+    """roofline's attainable FLOP/s is min(peak, I x bandwidth)"""
+    for name, flops, nbytes, device, attainable, _ in ROOFLINE_CASES:
+        got, _ = _roofline(submission, name, flops, nbytes, device)
+        expect_close(got, attainable, f"{name}: attainable FLOP/s", rel=1e-9)
+
+
+# --- GPU tier ----------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.points(2)
+def check_bias_gelu_kernel_on_device(submission):
+    """bias_gelu on CuPy arrays (the ElementwiseKernel) equals torch's GELU"""
+    x = (3 * _rng(70).standard_normal((4099, 1031))).astype(np.float32)
+    bias = _rng(71).standard_normal(1031).astype(np.float32)
+    got = submission.harness("device_bias_gelu", x, bias)
+    assert got["module"] == "cupy", f"bias_gelu on CuPy input returned a {got['module']} array"
+    expect_array(got["values"], _gelu_oracle(x + bias), "bias_gelu on the device", rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.points(1)
+def check_softmax_on_device(submission):
+    """softmax_rows on CuPy arrays returns CuPy arrays, stable and correct"""
+    x = (1e4 * _rng(72).standard_normal((2049, 1000))).astype(np.float32)
+    got = submission.harness("device_softmax", x)
+    assert got["module"] == "cupy", f"softmax_rows on CuPy input returned a {got['module']} array"
+    expect_array(got["values"], _softmax_oracle(x), "softmax_rows on the device", rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.gpu
+@pytest.mark.points(2)
+def check_fused_faster_than_unfused(submission, metrics):
+    """The fused bias+GELU kernel beats the one-operation-at-a-time version"""
+    m = submission.harness("fused_vs_unfused", 8192, 8192)
+    speedup = m["unfused_ms"] / m["fused_ms"]
+    metrics.update(device=m["device"], fused_ms=round(m["fused_ms"], 4), unfused_ms=round(m["unfused_ms"], 4),
+                   speedup=round(speedup, 2), fused_gbs=round(m["fused_gbs"], 1),
+                   copy_gbs=round(m["copy_gbs"], 1), threshold=FUSED_SPEEDUP_TO_PASS)
+    assert m["same_values"], "the fused kernel and the unfused reference disagree on the device"
+    assert speedup >= FUSED_SPEEDUP_TO_PASS, (
+        f"fused {m['fused_ms']:.3f} ms vs unfused {m['unfused_ms']:.3f} ms: {speedup:.2f}x, needs "
+        f"{FUSED_SPEEDUP_TO_PASS}x. Is bias_gelu one ElementwiseKernel launch (not several CuPy operations)?")
+
+
+@pytest.mark.gpu
+@pytest.mark.points(3)
+def check_pipeline_overlap_speedup(submission, metrics):
+    """On the GPU, the pipeline beats the serial schedule when copies and compute are balanced"""
+    m = submission.harness("overlap_speedup", 8, 32, 3)
+    speedup = m["serial_ms"] / m["pipelined_ms"]
+    metrics.update(device=m["device"], **{k: round(m[k], 3) for k in
+                   ("stage_ms", "h2d_ms", "compute_ms", "d2h_ms", "serial_ms", "pipelined_ms")},
+                   speedup=round(speedup, 2), threshold=OVERLAP_SPEEDUP_TO_PASS)
+    assert m["same_values"], "pipelined_apply's results differ from the serial schedule's"
+    assert speedup >= OVERLAP_SPEEDUP_TO_PASS, (
+        f"serial {m['serial_ms']:.1f} ms, pipelined {m['pipelined_ms']:.1f} ms: {speedup:.2f}x, needs "
+        f"{OVERLAP_SPEEDUP_TO_PASS}x (per chunk: stage {m['stage_ms']:.2f}, H→D {m['h2d_ms']:.2f}, compute "
+        f"{m['compute_ms']:.2f}, D→H {m['d2h_ms']:.2f} ms)")
+
+
+@pytest.mark.gpu
+@pytest.mark.points(2)
+def check_zero_copy_on_device(submission):
+    """CuPy, torch and numba.cuda share device memory without copies"""
+    m = submission.harness("zero_copy_device")
+    problems = [what for key, what in [
+        ("torch_is_cuda", "to_torch(cupy array) is not a CUDA tensor"),
+        ("torch_same_pointer", "to_torch(cupy array) does not point at the array's memory"),
+        ("torch_write_seen", "a write through the tensor is not seen by CuPy"),
+        ("numba_same_pointer", "to_numba(cupy array) does not point at the array's memory"),
+        ("numba_write_seen", "a write through numba is not seen by CuPy"),
+        ("from_torch_is_cupy", "from_torch(cuda tensor) is not a CuPy array"),
+        ("from_torch_same_pointer", "from_torch(cuda tensor) does not point at the tensor's memory"),
+    ] if not m.get(key)]
+    assert not problems, "; ".join(problems)
+
+
+@pytest.mark.gpu
+@pytest.mark.points(1)
+def check_roofline_measured(submission, metrics):
+    """The measured roofline of this GPU places bias+GELU and matmul on the right side of the ridge"""
+    m = submission.harness("roofline_measured")
+    metrics.update(device=m["device"], copy_gbs=round(m["copy_bw"] / 1e9, 1),
+                   fp32_matmul_tflops=round(m["matmul_flops"] / 1e12, 2),
+                   bias_gelu_gflops=round(m["bias_gelu_flops"] / 1e9, 1),
+                   bias_gelu_intensity=m["bias_gelu_intensity"], matmul_intensity=round(m["matmul_intensity"], 1))
+    assert m["bounds"] == {"bias_gelu": "memory-bound", "fp32_matmul": "compute-bound"}, (
+        f"on the measured roof (ridge {m['matmul_flops'] / m['copy_bw']:.3g} flop/B) roofline says {m['bounds']}")
