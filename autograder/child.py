@@ -53,6 +53,8 @@ def run(request: dict) -> dict:
     except MemoryError:
         return {"status": "memory", "message": "ran out of memory (MemoryError)"}
     except BaseException as exc:  # noqa: BLE001 - anything the student raises is reported
+        if getattr(exc, "status", None) == "timeout":  # a job of several processes that hung (course.mpi)
+            return {"status": "timeout", "message": str(exc)}
         return {"status": "raised", "type": type(exc).__name__, "message": str(exc),
                 "where": _where(exc.__traceback__, submission)}
 

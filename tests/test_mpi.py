@@ -1,0 +1,130 @@
+"""course.mpi runs functions on N ranks and never outlives its timeout;
+course.mpi_audit counts messages and rounds as the algorithms' costs say."""
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autograder.sandbox import Limits, run_call
+from course import mpi
+from course.mpi_audit import CollectiveNotAllowed, rounds, totals
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _ours() -> list[str]:
+    """Live processes started by these tests (zombies are already dead)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if state != "Z" and ("course.mpi" in cmd or "hydra_pmi_proxy" in cmd or "mpiexec" in cmd):
+            found.append(f"{entry} {cmd}")
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _importable_fixtures(monkeypatch):
+    monkeypatch.syspath_prepend(str(FIXTURES))
+
+
+def test_every_rank_returns():
+    job = mpi.run("mpi_algos:weighted_total", 4, np.ones(3)).check()
+    assert job.results == [30.0] * 4 and job.finished == [0, 1, 2, 3]
+
+
+def test_a_file_path_target():
+    job = mpi.run(f"{FIXTURES / 'mpi_algos.py'}:weighted_total", 2, np.ones(2)).check()
+    assert job.results == [6.0, 6.0]
+
+
+def test_deadlock_is_stopped_at_the_timeout_with_nothing_left():
+    start = time.monotonic()
+    job = mpi.run("mpi_algos:deadlock", 3, timeout=4)
+    assert job.status == "timeout" and 4 <= time.monotonic() - start < 15
+    assert "likely deadlock" in job.explain() and "[0, 1, 2]" in job.explain()
+    with pytest.raises(mpi.MPIJobError, match="likely deadlock"):
+        job.check()
+    time.sleep(0.5)
+    assert _ours() == []
+
+
+def test_a_rank_that_raises_ends_the_job_at_once():
+    job = mpi.run("mpi_algos:rank_one_raises", 3, timeout=60)
+    assert job.status == "raised" and job.duration_s < 30
+    assert job.errors[1].startswith("ValueError: bad rank") and "mpi_algos.py" in job.errors[1]
+
+
+def test_a_stub_reads_as_not_implemented():
+    job = mpi.run("mpi_algos:stub", 2)
+    with pytest.raises(NotImplementedError, match="not implemented yet: stub"):
+        job.check()
+
+
+def test_functions_from_main_are_refused_with_advice():
+    def local(comm):
+        return comm.rank
+    with pytest.raises(ValueError, match="Put it in a .py module"):
+        mpi.run(local, 2)
+
+
+@pytest.mark.parametrize("launcher_timeout, sandbox_timeout", [(3, 30), (60, 4)],
+                         ids=["launcher stops it", "sandbox stops it"])
+def test_deadlock_inside_the_sandbox_leaves_no_process(tmp_path, launcher_timeout, sandbox_timeout):
+    (tmp_path / "job.py").write_text(
+        "from course import mpi\n\n"
+        f"def go():\n    return mpi.run('mpi_algos:deadlock', 4, timeout={launcher_timeout}).check().results\n")
+    (tmp_path / "mpi_algos.py").write_text((FIXTURES / "mpi_algos.py").read_text())
+    request = {"submission": str(tmp_path), "target": {"kind": "module", "module": "job", "func": "go"},
+               "args": [], "kwargs": {}}
+    outcome = run_call(request, Limits(timeout_s=sandbox_timeout, memory_mb=4096, address_space=False))
+    assert outcome.status == "timeout", outcome
+    if launcher_timeout < sandbox_timeout:
+        assert "likely deadlock" in outcome.message
+    time.sleep(0.5)
+    assert _ours() == []
+
+
+@pytest.mark.parametrize("p, want", [(2, 1), (5, 3), (8, 3)])
+def test_binomial_broadcast_takes_log2_rounds(p, want):
+    job = mpi.run("mpi_algos:binomial_bcast", p, 10).check()
+    logs = [log for log, _ in job.results]
+    assert rounds(logs) == want
+    assert all(total == 45 for _, total in job.results)
+    assert sum(totals(log)["messages_sent"] for log in logs) == p - 1
+
+
+def test_linear_broadcast_takes_p_minus_1_rounds():
+    logs = [log for log, _ in mpi.run("mpi_algos:linear_bcast", 6, 10).check().results]
+    assert rounds(logs) == 5 and totals(logs[0])["messages_sent"] == 5
+
+
+@pytest.mark.parametrize("p", [3, 4])
+def test_ring_allreduce_costs(p):
+    n = 10
+    job = mpi.run("mpi_algos:ring_allreduce", p, n).check()
+    want = [sum(range(1, p + 1))] * n
+    assert all(result == want for _, result in job.results)
+    logs = [log for log, _ in job.results]
+    assert rounds(logs) == 2 * (p - 1)
+    for log in logs:
+        t = totals(log)
+        assert t["messages_sent"] == 2 * (p - 1)
+        assert abs(t["elements_sent"] - 2 * (p - 1) / p * n) <= 2 * (p - 1)  # chunks differ by one element
+
+
+def test_nonblocking_calls_are_recorded_in_order():
+    job = mpi.run("mpi_algos:ring_nonblocking", 3).check()
+    log, got = job.results[1]
+    assert [e.op for e in log] == ["irecv", "isend", "wait", "wait"] and got == [0.0] * 3
+
+
+def test_collectives_are_refused():
+    job = mpi.run("mpi_algos:uses_allreduce", 2)
+    assert job.status == "raised" and CollectiveNotAllowed.__name__ in job.errors[0]
+    assert "Send/Recv/Sendrecv" in job.errors[0]
