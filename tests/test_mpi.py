@@ -129,3 +129,8 @@ def test_collectives_are_refused():
     error = next(iter(job.errors.values()))  # the first rank to raise aborts the others
     assert job.status == "raised" and error.startswith(CollectiveNotAllowed.__name__)
     assert "Send/Recv/Sendrecv" in error
+
+
+def test_synchronous_sends_expose_an_order_that_only_buffering_saves():
+    assert mpi.run("mpi_algos:send_first", 2, False).check().results == [[1.0] * 4] * 2
+    assert mpi.run("mpi_algos:send_first", 2, True, timeout=3).status == "timeout"
