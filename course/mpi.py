@@ -241,8 +241,8 @@ def _rank_main(mode: str, folder: str) -> None:
     except BaseException as exc:  # noqa: BLE001 - reported, then the job is ended
         frames = traceback.extract_tb(exc.__traceback__)
         # Point at the caller's code, not at this toolkit's (e.g. the audited communicator).
-        where = next((f for f in reversed(frames) if not f.filename.startswith(str(Path(__file__).parent))),
-                     frames[-1])
+        where = next((f for f in reversed(frames) if not f.filename.startswith(str(Path(__file__).parent))
+                      and not f.filename.endswith(".pyx") and "site-packages" not in f.filename), frames[-1])
         reply.write_bytes(pickle.dumps(("raised", f"{type(exc).__name__}: {exc} "
                                         f"(at {Path(where.filename).name}:{where.lineno})")))
         _abort_if_others_wait(comm)

@@ -187,8 +187,8 @@ class AuditComm:
     def __getattr__(self, name):
         if name in COLLECTIVES:
             raise CollectiveNotAllowed(
-                f"comm.{name} is one of MPI's own collectives: this lab builds collectives from "
-                "Send/Recv/Sendrecv (and Isend/Irecv) only")
+                f"comm.{name} is one of MPI's own collectives, which this communicator refuses: "
+                "the code under test must use point-to-point calls only (Send/Recv/Sendrecv, Isend/Irecv)")
         raise AttributeError(f"the audited communicator offers point-to-point calls, rank and size only "
                              f"(no {name!r})")
 

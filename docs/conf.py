@@ -51,6 +51,7 @@ root_doc = "index"
 exclude_patterns = [
     "_build",
     "gpu-results",  # included by gpu-tier.md, not pages of their own
+    "benchmarks",  # tables written by benchmarks/*.py, included by benchmarks.md
     "_ext",
     "Thumbs.db",
     ".DS_Store",

@@ -31,6 +31,9 @@ from urllib.parse import urljoin, urlparse
 
 import pytest
 
+# One site build serves every test here: keep them in one xdist worker.
+pytestmark = pytest.mark.xdist_group("docs-site")
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 SITE_NAME = "Kernels to Clusters"

@@ -1,0 +1,264 @@
+"""Checks for lab 05: block decomposition, halo exchange, the distributed heat
+equation in 1D and 2D, ping-pong and the α–β fit.
+
+Every MPI part runs at 1, 2, 3 and 4 ranks on grids that split unevenly, in
+one job per part and rank count (see ``harness.py``), on a communicator that
+records each message and turns ``Send`` into ``Ssend``: a send order that
+deadlocks is stopped at the launcher's timeout and reported as such. The
+oracle is serial NumPy written here, with the operation order the lab
+prescribes, so distributed results must equal it bit for bit.
+"""
+import weakref
+
+import numpy as np
+import pytest
+
+from autograder.checking import expect_array, expect_close
+from autograder.submission import NotImplementedYet, SubmissionError
+
+SEED = 2026
+RANKS = (1, 2, 3, 4)
+INTERIOR_1D = (4, 7, 10, 11)  # interior points: on 3 and 4 ranks every one of these splits unevenly
+SHAPES_2D = ((7, 8), (9, 11), (6, 5))  # interior rows 5, 7, 4
+STEPS, ALPHA_1D, ALPHA_2D = 25, 0.23, 0.2
+
+
+def _grid_1d(interior, k):
+    u = np.random.default_rng(SEED + k).random(interior + 2)
+    u[0], u[-1] = 1.0, -0.5  # fixed boundary values
+    return u
+
+
+def _grid_2d(shape, k):
+    u = np.random.default_rng(SEED + 10 + k).random(shape)
+    u[0, :], u[-1, :], u[:, 0], u[:, -1] = 1.0, -1.0, 0.5, 0.25
+    return u
+
+
+CASES_1D = [{"u": _grid_1d(m, k), "steps": STEPS, "alpha": ALPHA_1D} for k, m in enumerate(INTERIOR_1D)]
+CASES_2D = [{"u": _grid_2d(shape, k), "steps": STEPS // 2, "alpha": ALPHA_2D} for k, shape in enumerate(SHAPES_2D)]
+CASES = {"halo_1d": CASES_1D, "halo_1d_nonblocking": CASES_1D, "heat_1d": CASES_1D, "heat_1d_nonblocking": CASES_1D,
+         "halo_rows": CASES_2D, "heat_2d": CASES_2D,
+         "ping_pong": [{"sizes": [8, 1000, 65536], "repeats": 3}]}
+
+# One job per part and rank count, shared by the checks that read it; per submission
+# object, so grading several submissions in one process never mixes their results.
+_JOBS = weakref.WeakKeyDictionary()
+
+
+def _on_ranks(submission, part, n):
+    """Every rank's ``{"results": [per case], "logs": [per case]}`` for one part on ``n`` ranks."""
+    jobs = _JOBS.setdefault(submission, {})
+    if (part, n) not in jobs:
+        try:
+            jobs[part, n] = submission.harness("run_on_ranks", part, n, CASES[part])
+        except NotImplementedYet as exc:
+            jobs[part, n] = exc
+        except SubmissionError as exc:  # say at which rank count it went wrong
+            jobs[part, n] = type(exc)(f"on {n} rank(s): {exc}", exc.outcome)
+    if isinstance(jobs[part, n], Exception):
+        raise jobs[part, n]
+    return jobs[part, n]
+
+
+def _split(n, size, rank):
+    base, extra = divmod(n, size)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def _serial_1d(u, steps, alpha):
+    u = u.copy()
+    for _ in range(steps):
+        new = u.copy()
+        new[1:-1] = u[1:-1] + alpha * (u[:-2] - 2 * u[1:-1] + u[2:])
+        u = new
+    return u
+
+
+def _serial_2d(u, steps, alpha):
+    u = u.copy()
+    for _ in range(steps):
+        new = u.copy()
+        c = u[1:-1, 1:-1]
+        new[1:-1, 1:-1] = c + alpha * (u[:-2, 1:-1] + u[2:, 1:-1] + u[1:-1, :-2] + u[1:-1, 2:] - 4 * c)
+        u = new
+    return u
+
+
+# --- 1. Block decomposition ------------------------------------------------------
+
+@pytest.mark.points(2)
+def check_split_rows(submission):
+    """split_rows covers every row once, in rank order, the first n % size ranks one row more"""
+    for n, size in [(10, 4), (12, 4), (7, 3), (5, 5), (3, 4), (1, 1), (100, 7), (11, 2)]:
+        got = [tuple(submission.call("heat_mpi.split_rows", n, size, rank)) for rank in range(size)]
+        want = [_split(n, size, rank) for rank in range(size)]
+        assert got == want, (
+            f"split_rows({n}, {size}, rank) for ranks 0..{size - 1} gave {got}, expected {want}: blocks "
+            f"of {[b - a for a, b in want]} rows — the first {n % size} rank(s) get {n // size + 1}, the rest "
+            f"{n // size}, and each block starts where the previous one stopped")
+
+
+# --- 2. Halo exchange in 1D ------------------------------------------------------
+
+def _check_halos(submission, part, what):
+    for n in RANKS:
+        job = _on_ranks(submission, part, n)
+        for k, case in enumerate(CASES[part]):
+            u = case["u"]
+            for rank in range(n):
+                start, stop = _split(len(u) - 2, n, rank)
+                got = job[rank]["results"][k]
+                assert got is not None and np.shape(got) == u[start:stop + 2].shape, (
+                    f"{what} on {n} rank(s): rank {rank}'s array changed shape")
+                edge = ("domain's first ghost, which holds the boundary value (neighbour MPI.PROC_NULL)"
+                        if rank == 0 else f"ghost from rank {rank - 1}")
+                expect_array(got[:1], u[start:start + 1], f"{what} on {n} rank(s), case {k}: rank {rank}'s left/top "
+                             f"{edge}", exact=True)
+                edge = ("domain's last ghost, which holds the boundary value (neighbour MPI.PROC_NULL)"
+                        if rank == n - 1 else f"ghost from rank {rank + 1}")
+                expect_array(got[-1:], u[stop + 1:stop + 2], f"{what} on {n} rank(s), case {k}: rank {rank}'s "
+                             f"right/bottom {edge}", exact=True)
+                expect_array(got[1:-1], u[start + 1:stop + 1], f"{what} on {n} rank(s), case {k}: rank {rank}'s "
+                             "own block (it must not change)", exact=True)
+
+
+@pytest.mark.points(2)
+def check_exchange_halos(submission):
+    """exchange_halos fills each ghost cell from its neighbour and leaves the domain's edges alone"""
+    _check_halos(submission, "halo_1d", "exchange_halos")
+
+
+# --- 3. The heat equation in 1D --------------------------------------------------
+
+def _check_heat(submission, part, serial, what):
+    for n in RANKS:
+        job = _on_ranks(submission, part, n)
+        for k, case in enumerate(CASES[part]):
+            blocks = [job[rank]["results"][k] for rank in range(n)]
+            missing = [rank for rank, b in enumerate(blocks) if b is None]
+            assert not missing, f"{what} on {n} rank(s): rank(s) {missing} returned None, not their block"
+            want = serial(case["u"], case["steps"], case["alpha"])[1:-1]
+            sizes = [len(b) for b in blocks]
+            assert sum(sizes) == len(want), (
+                f"{what} on {n} rank(s), {len(want)} interior rows: the ranks returned blocks of {sizes} rows "
+                f"({sum(sizes)} in all), expected {[b - a for a, b in (_split(len(want), n, r) for r in range(n))]}")
+            got = np.concatenate([np.asarray(b) for b in blocks])
+            expect_array(got, want, f"{what} on {n} rank(s), {case['steps']} steps of a {case['u'].shape} grid, "
+                         "the ranks' blocks in rank order vs the serial result", exact=True)
+
+
+@pytest.mark.points(3)
+def check_heat_1d_matches_serial(submission):
+    """run_heat_1d on 1-4 ranks equals the serial heat equation bit for bit (uneven splits)"""
+    _check_heat(submission, "heat_1d", _serial_1d, "run_heat_1d")
+
+
+# --- 4. Non-blocking halo exchange --------------------------------------------------
+
+@pytest.mark.points(2)
+def check_exchange_halos_nonblocking(submission):
+    """exchange_halos_nonblocking fills the same ghost cells as exchange_halos"""
+    _check_halos(submission, "halo_1d_nonblocking", "exchange_halos_nonblocking")
+
+
+@pytest.mark.points(2)
+def check_nonblocking_posts_receives_before_waiting(submission):
+    """exchange_halos_nonblocking posts both Irecv before it waits, and uses no blocking call"""
+    for n in RANKS:
+        job = _on_ranks(submission, "halo_1d_nonblocking", n)
+        for rank in range(n):
+            log = job[rank]["logs"][0]
+            ops = [e["op"] for e in log]
+            blocking = sorted({op for op in ops if op in ("send", "recv", "sendrecv")})
+            assert not blocking, (f"on {n} rank(s), rank {rank} called blocking {blocking}: this exchange is "
+                                  "Irecv, Isend and Wait only")
+            assert ops.count("irecv") == 2 and ops.count("isend") == 2, (
+                f"on {n} rank(s), rank {rank} posted {ops.count('irecv')} Irecv and {ops.count('isend')} Isend: "
+                "one of each per neighbour (MPI.PROC_NULL where there is none)")
+            first_wait = ops.index("wait") if "wait" in ops else len(ops)
+            late = [i for i, op in enumerate(ops) if op == "irecv" and i > first_wait]
+            assert not late, (
+                f"on {n} rank(s), rank {rank} waited before posting both receives (calls: {ops}): post every "
+                "Irecv first, then the Isends, then wait — a receive posted late can leave the sender waiting")
+            waited = {e["request"] for e in log if e["op"] == "wait"}
+            posted = {e["request"] for e in log if e["op"] in ("irecv", "isend")}
+            assert posted <= waited, (f"on {n} rank(s), rank {rank} never waited for {len(posted - waited)} of "
+                                      "its requests: wait for every one before the buffers are used")
+
+
+@pytest.mark.points(2)
+def check_heat_1d_nonblocking_matches_serial(submission):
+    """run_heat_1d(..., nonblocking=True) on 1-4 ranks equals the serial heat equation bit for bit"""
+    _check_heat(submission, "heat_1d_nonblocking", _serial_1d, "run_heat_1d(nonblocking=True)")
+
+
+# --- 5. The heat equation in 2D ------------------------------------------------------
+
+@pytest.mark.points(2)
+def check_exchange_halo_rows(submission):
+    """exchange_halo_rows fills the top ghost row from the rank above and the bottom one from the rank below"""
+    _check_halos(submission, "halo_rows", "exchange_halo_rows")
+
+
+@pytest.mark.points(3)
+def check_heat_2d_matches_serial(submission):
+    """run_heat_2d on 1-4 ranks equals the serial 2D heat equation bit for bit (uneven row splits)"""
+    _check_heat(submission, "heat_2d", _serial_2d, "run_heat_2d")
+
+
+# --- 6. Ping-pong and the α–β model ------------------------------------------------------
+
+@pytest.mark.points(2)
+def check_ping_pong(submission):
+    """ping_pong times each size between ranks 0 and 1 only, and returns one positive time per size"""
+    case = CASES["ping_pong"][0]
+    sizes, repeats = case["sizes"], case["repeats"]
+    for n in (2, 3):
+        job = _on_ranks(submission, "ping_pong", n)
+        times = job[0]["results"][0]
+        assert isinstance(times, (list, tuple)) and len(times) == len(sizes), (
+            f"on {n} ranks, rank 0 returned {times!r}: expected a list of {len(sizes)} times, one per size")
+        bad = [t for t in times if not (isinstance(t, float) and 0 < t < 1)]
+        assert not bad, f"one-way times should be seconds, a little above 0; got {times}"
+        for rank in range(n):
+            log = job[rank]["logs"][0]
+            sends = [e for e in log if e["op"] in ("send", "isend", "sendrecv")]
+            if rank > 1:
+                assert not log, f"on {n} ranks, rank {rank} took part ({len(log)} calls): only ranks 0 and 1 do"
+                continue
+            peers = {e["peer"] for e in sends}
+            assert peers == {1 - rank}, f"on {n} ranks, rank {rank} sent to {sorted(peers)}: only to rank {1 - rank}"
+            for size in sizes:
+                count = sum(1 for e in sends if e["nbytes"] == size)
+                assert count >= repeats, (f"rank {rank} sent {count} message(s) of {size} bytes; {repeats} timed "
+                                          "round trips need at least that many (buffers of np.uint8, size bytes)")
+
+
+ALPHA, BETA = 3e-6, 2.5e-10  # 3 µs latency, 4 GB/s
+SIZES = np.unique(np.logspace(0, 7, 29).astype(np.int64))
+
+
+@pytest.mark.points(1)
+def check_fit_alpha_beta_exact(submission):
+    """fit_alpha_beta recovers alpha and beta from noise-free times t = alpha + beta * n"""
+    got = submission.call("heat_mpi.fit_alpha_beta", SIZES.astype(float), ALPHA + BETA * SIZES)
+    assert isinstance(got, (tuple, list)) and len(got) == 2, f"expected (alpha, beta), got {got!r}"
+    expect_close(got[0], ALPHA, "alpha (latency, s)", rel=1e-6)
+    expect_close(got[1], BETA, "beta (s per byte)", rel=1e-6)
+
+
+@pytest.mark.points(1)
+def check_fit_alpha_beta_noisy(submission):
+    """fit_alpha_beta is a least-squares fit: near the truth on noisy times, equal to lstsq"""
+    rng = np.random.default_rng(SEED)
+    sizes = np.repeat(np.linspace(0, 2e5, 21), 5)
+    times = ALPHA + BETA * sizes + rng.normal(0, 0.1 * ALPHA, sizes.size)
+    got = submission.call("heat_mpi.fit_alpha_beta", sizes, times)
+    assert isinstance(got, (tuple, list)) and len(got) == 2, f"expected (alpha, beta), got {got!r}"
+    beta, alpha = np.polyfit(sizes, times, 1)
+    expect_close(got[0], alpha, "alpha: the least-squares intercept", rel=1e-6)
+    expect_close(got[1], beta, "beta: the least-squares slope", rel=1e-6)
+    expect_close(got[0], ALPHA, "alpha vs the true latency", rel=0.1)
+    expect_close(got[1], BETA, "beta vs the true inverse bandwidth", rel=0.05)

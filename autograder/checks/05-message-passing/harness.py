@@ -1,0 +1,76 @@
+"""Grader code that runs next to the student's ``heat_mpi`` in the sandbox.
+
+``run_on_ranks(part, n, cases)`` (in the sandboxed child) starts one MPI job of
+``n`` ranks with ``course.mpi`` and returns what every rank returned.
+``rank_side`` (on every rank) imports the student's module, wraps the
+communicator in an ``AuditComm`` with synchronous sends — so a send order that
+deadlocks does so at any message size, not only once MPICH stops buffering —
+runs one part of the lab on every case, and returns plain data: arrays and
+the audit log as dicts.
+
+Every part is its own job, so a deadlock in one (which costs its timeout)
+takes no other part's points with it; all cases of a part share one job
+because starting ranks is the slow bit.
+"""
+import numpy as np
+
+from course import mpi
+from course.mpi_audit import AuditComm
+
+LAUNCH_TIMEOUT_S = 15  # per job; lab.toml's timeout_s is larger, so the launcher's report comes back
+
+
+def run_on_ranks(part, n, cases):
+    """Every rank's result of ``rank_side(part, cases)`` on ``n`` ranks; raises if the job did not finish."""
+    return mpi.run(f"{__file__}:rank_side", n, part, cases, timeout=LAUNCH_TIMEOUT_S).check().results
+
+
+def _events(log):
+    return [{"op": e.op, "peer": e.peer, "elements": e.elements, "nbytes": e.nbytes, "tag": e.tag,
+             "source": e.source, "request": e.request} for e in log]
+
+
+def _split(n, size, rank):
+    # The grader's own block decomposition, so halo checks do not depend on the student's split_rows.
+    base, extra = divmod(n, size)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def _with_poisoned_ghosts(u, comm):
+    """This rank's block of the interior of ``u`` with its two ghosts (cells or rows): NaN
+    where a neighbour must write, the boundary value at the edges of the domain."""
+    start, stop = _split(len(u) - 2, comm.size, comm.rank)
+    local = np.array(u[start:stop + 2], dtype=np.float64)
+    if comm.rank > 0:
+        local[0] = np.nan
+    if comm.rank < comm.size - 1:
+        local[-1] = np.nan
+    return local
+
+
+def rank_side(comm, part, cases):
+    import heat_mpi
+
+    out = {"results": [], "logs": []}
+    for case in cases:
+        audited = AuditComm(comm, synchronous_sends=True)
+        if part in ("halo_1d", "halo_1d_nonblocking", "halo_rows"):
+            local = _with_poisoned_ghosts(case["u"], comm)
+            exchange = {"halo_1d": heat_mpi.exchange_halos, "halo_1d_nonblocking": heat_mpi.exchange_halos_nonblocking,
+                        "halo_rows": heat_mpi.exchange_halo_rows}[part]
+            exchange(audited, local)
+            result = local
+        elif part in ("heat_1d", "heat_1d_nonblocking"):
+            result = heat_mpi.run_heat_1d(audited, case["u"].copy(), case["steps"], case["alpha"],
+                                          nonblocking=part == "heat_1d_nonblocking")
+        elif part == "heat_2d":
+            result = heat_mpi.run_heat_2d(audited, case["u"].copy(), case["steps"], case["alpha"])
+        elif part == "ping_pong":
+            result = heat_mpi.ping_pong(audited, case["sizes"], case["repeats"])
+        else:
+            raise ValueError(f"unknown part {part!r}")
+        out["results"].append(None if result is None else
+                              np.asarray(result) if isinstance(result, np.ndarray) else result)
+        out["logs"].append(_events(audited.log))
+    return out

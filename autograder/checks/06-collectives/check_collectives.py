@@ -1,0 +1,252 @@
+"""Checks for lab 06: collectives built from point-to-point messages.
+
+Oracle: MPI's own collective (MPICH), run on the raw communicator in the same
+job, on the same int64 inputs, so results must be equal to the last bit.
+Costs: the auditing communicator (``course.mpi_audit.AuditComm``) records
+every message each rank sends and receives; the checks compare the counts
+with the algorithm's cost, so a "collective" that funnels everything through
+one rank gets the answer right and still loses the cost points. The longest
+chain of communication steps (``rounds``) is the α term of each cost.
+
+p in {2, 3, 4, 5, 8}, oversubscribed on however many cores there are; sizes
+below p, not divisible by p, and one (1001) large enough for the cost checks.
+Every algorithm runs in one MPI job per p (see the harness), cached for the
+whole grading run. Both tiers grade the same way: this lab has no GPU part.
+"""
+import math
+
+import numpy as np
+import pytest
+
+from autograder.checking import expect_array
+from autograder.sandbox import Outcome
+from autograder.submission import NotImplementedYet, SubmissionError, SubmissionTimeout
+
+PS = (2, 3, 4, 5, 8)
+POWERS_OF_TWO, OTHER_PS = (2, 4, 8), (3, 5)
+COST_N = 1001  # the case cost checks read (n elements; for allgather and all-to-all, m = 250)
+COST_M = 250
+_jobs = {}
+
+
+def _job(submission, p):
+    """Every algorithm's outcome on p ranks, computed once per grading run."""
+    key = (id(submission), p)
+    if key not in _jobs:
+        try:
+            _jobs[key] = (True, submission.harness("collective_job", p))
+        except SubmissionError as exc:
+            _jobs[key] = (False, exc)
+    ok, value = _jobs[key]
+    if not ok:
+        raise value
+    return value
+
+
+def _cases(submission, name, ps=PS):
+    """{p: the algorithm's cases}, or the error that says why it has none."""
+    found = {}
+    for p in ps:
+        outcome = _job(submission, p)[name]
+        status, message = outcome["status"], outcome.get("message", "")
+        if status == "ok":
+            found[p] = outcome["cases"]
+        elif status == "not_implemented":
+            text = message if message.startswith("not implemented yet") else f"not implemented yet: {message}"
+            raise NotImplementedYet(text, Outcome("not_implemented", message=text))
+        elif status == "refused":
+            raise AssertionError(f"{name} is refused: {message}. Build it from Send/Recv/Sendrecv on the "
+                                 "communicator passed in")
+        elif status == "timeout":
+            raise SubmissionTimeout(f"{name} on {p} ranks: {message}", Outcome("timeout", message=message))
+        else:
+            raise SubmissionError(f"{name} on {p} ranks: {message}", Outcome(status, message=message))
+    return found
+
+
+def _expect_results(submission, name, ps=PS):
+    for p, cases in _cases(submission, name, ps).items():
+        for case in cases:
+            if case["mismatches"]:
+                where = f"n={case['n']}" + (f", root={case['root']}" if name.endswith("binomial") else "")
+                raise AssertionError(f"{name} on {p} ranks ({where}) differs from MPI's own collective: "
+                                     f"{case['mismatches'][0]}" + _hint(name, p, case["n"]))
+
+
+def _hint(name, p, n):
+    if name in ("allreduce_ring", "reduce_scatter_ring") and n % p:
+        return f". n % p = {n % p}: do your chunks cover all n elements, split as chunk_bounds says?"
+    if name == "allreduce_recursive_doubling" and p & (p - 1):
+        return f". {p} is not a power of two: fold the extra ranks in first, then unfold"
+    return ""
+
+
+def _cost_case(cases, n, root=0):
+    return next(c for c in cases if c["n"] == n and c["root"] == root)
+
+
+def _log2_ceil(p):
+    return math.ceil(math.log2(p))
+
+
+# --- chunk_bounds ------------------------------------------------------------------
+
+@pytest.mark.points(1)
+def check_chunk_bounds(submission):
+    """chunk_bounds(n, p) splits n elements as np.array_split does (n % p != 0, n < p)"""
+    for n, p in [(10, 3), (1001, 8), (3, 5), (0, 4), (12, 4), (7, 1)]:
+        got = submission.call("collectives.chunk_bounds", n, p)
+        want = np.cumsum([0] + [len(c) for c in np.array_split(np.arange(n), p)])
+        expect_array(np.asarray(got), want, f"chunk_bounds({n}, {p})", exact=True)
+
+
+# --- results: equal to MPI's own collective -------------------------------------------
+
+@pytest.mark.points(2)
+def check_bcast_binomial_results(submission):
+    """bcast_binomial equals MPI's Bcast (p = 2, 3, 4, 5, 8; roots 0, p-1 and p//2)"""
+    _expect_results(submission, "bcast_binomial")
+
+
+@pytest.mark.points(2)
+def check_reduce_binomial_results(submission):
+    """reduce_binomial equals MPI's Reduce (sum) on the root, None elsewhere"""
+    _expect_results(submission, "reduce_binomial")
+
+
+@pytest.mark.points(2)
+def check_allreduce_ring_results(submission):
+    """allreduce_ring equals MPI's Allreduce (sum), sizes not divisible by p and n < p"""
+    _expect_results(submission, "allreduce_ring")
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("ps", [POWERS_OF_TWO, OTHER_PS], ids=["p = 2, 4, 8", "p = 3, 5"])
+def check_allreduce_recursive_doubling_results(submission, ps):
+    """allreduce_recursive_doubling equals MPI's Allreduce (sum)"""
+    _expect_results(submission, "allreduce_recursive_doubling", ps)
+
+
+@pytest.mark.points(2)
+def check_allgather_ring_results(submission):
+    """allgather_ring equals MPI's Allgather"""
+    _expect_results(submission, "allgather_ring")
+
+
+@pytest.mark.points(2)
+def check_reduce_scatter_ring_results(submission):
+    """reduce_scatter_ring equals MPI's Reduce_scatter with counts from np.array_split"""
+    _expect_results(submission, "reduce_scatter_ring")
+
+
+@pytest.mark.points(2)
+def check_alltoall_pairwise_results(submission):
+    """alltoall_pairwise equals MPI's Alltoall"""
+    _expect_results(submission, "alltoall_pairwise")
+
+
+# --- costs: what the audit recorded ------------------------------------------------------
+
+@pytest.mark.points(1)
+def check_bcast_binomial_cost(submission):
+    """bcast_binomial: ceil(log2 p) rounds, p - 1 messages, every other rank receives once"""
+    for p, cases in _cases(submission, "bcast_binomial").items():
+        for root in (0, p - 1):
+            case = _cost_case(cases, COST_N, root)
+            sent = sum(t["messages_sent"] for t in case["totals"])
+            received = [t["messages_received"] for t in case["totals"]]
+            what = f"bcast_binomial on {p} ranks, root {root}"
+            assert sent == p - 1, f"{what}: {sent} messages in all, a broadcast needs exactly p - 1 = {p - 1}"
+            others = [r for r in range(p) if r != root]
+            assert all(received[r] == 1 for r in others) and received[root] == 0, (
+                f"{what}: messages received per rank {received}; each rank but the root should receive once")
+            assert case["rounds"] == _log2_ceil(p), (
+                f"{what}: {case['rounds']} rounds (longest chain of messages), a binomial tree takes "
+                f"ceil(log2 p) = {_log2_ceil(p)}: every rank that has the data must pass it on in every round")
+
+
+@pytest.mark.points(1)
+def check_reduce_binomial_cost(submission):
+    """reduce_binomial: every other rank sends once; no rank receives more than ceil(log2 p) messages"""
+    for p, cases in _cases(submission, "reduce_binomial").items():
+        for root in (0, p - 1):
+            case = _cost_case(cases, COST_N, root)
+            sent = [t["messages_sent"] for t in case["totals"]]
+            received = [t["messages_received"] for t in case["totals"]]
+            what = f"reduce_binomial on {p} ranks, root {root}"
+            assert sent[root] == 0 and all(sent[r] == 1 for r in range(p) if r != root), (
+                f"{what}: messages sent per rank {sent}; each rank but the root sends its partial sum once")
+            assert max(received) <= _log2_ceil(p), (
+                f"{what}: a rank receives {max(received)} messages (per rank: {received}); in a binomial tree "
+                f"none receives more than ceil(log2 p) = {_log2_ceil(p)}: partial sums must be combined on the way")
+
+
+@pytest.mark.points(2)
+def check_allreduce_ring_cost(submission, metrics):
+    """allreduce_ring: 2(p-1) messages and 2(p-1)/p * n elements sent per rank, 2(p-1) rounds"""
+    for p, cases in _cases(submission, "allreduce_ring").items():
+        case = _cost_case(cases, COST_N)
+        messages = [t["messages_sent"] for t in case["totals"]]
+        elements = [t["elements_sent"] for t in case["totals"]]
+        ideal = 2 * (p - 1) / p * COST_N
+        metrics[f"p{p}_elements_per_rank"] = max(elements)
+        what = f"allreduce_ring on {p} ranks, n = {COST_N}"
+        assert all(m == 2 * (p - 1) for m in messages), (
+            f"{what}: messages sent per rank {messages}, the ring sends 2(p-1) = {2 * (p - 1)} from every rank "
+            "(p-1 reduce-scatter steps, p-1 allgather steps)")
+        assert all(abs(e - ideal) <= 2 for e in elements), (
+            f"{what}: elements sent per rank {elements}, the ring sends 2(p-1)/p * n = {ideal:.1f} "
+            "(one chunk of about n/p per step)")
+        assert case["rounds"] == 2 * (p - 1), f"{what}: {case['rounds']} rounds, expected 2(p-1) = {2 * (p - 1)}"
+
+
+@pytest.mark.points(1)
+def check_allreduce_recursive_doubling_cost(submission):
+    """allreduce_recursive_doubling: log2 p rounds of whole vectors (+2 for the fold when p is not a power of two)"""
+    for p, cases in _cases(submission, "allreduce_recursive_doubling").items():
+        case = _cost_case(cases, COST_N)
+        q = 1 << (p.bit_length() - 1)
+        want_rounds = int(math.log2(q)) + (0 if q == p else 2)
+        messages = [t["messages_sent"] for t in case["totals"]]
+        elements = [t["elements_sent"] for t in case["totals"]]
+        what = f"allreduce_recursive_doubling on {p} ranks, n = {COST_N}"
+        assert max(messages) <= int(math.log2(q)) + 1, (
+            f"{what}: messages sent per rank {messages}; at most log2 {q} (+1 for the unfold) each")
+        assert all(e == m * COST_N for e, m in zip(elements, messages)), (
+            f"{what}: elements sent per rank {elements} for {messages} messages; every message is the whole vector")
+        assert case["rounds"] == want_rounds, (
+            f"{what}: {case['rounds']} rounds, expected {want_rounds}"
+            + ("" if q == p else f" (log2 {q} among the largest power of two, +1 fold, +1 unfold)"))
+
+
+@pytest.mark.points(1)
+def check_allgather_ring_cost(submission):
+    """allgather_ring: p - 1 messages of m elements from every rank, p - 1 rounds"""
+    _ring_cost(submission, "allgather_ring", COST_M, lambda p: (p - 1) * COST_M, exact=True)
+
+
+@pytest.mark.points(1)
+def check_reduce_scatter_ring_cost(submission):
+    """reduce_scatter_ring: p - 1 messages and about (p-1)/p * n elements from every rank, p - 1 rounds"""
+    _ring_cost(submission, "reduce_scatter_ring", COST_N, lambda p: (p - 1) / p * COST_N, exact=False)
+
+
+@pytest.mark.points(1)
+def check_alltoall_pairwise_cost(submission):
+    """alltoall_pairwise: p - 1 messages of one block from every rank"""
+    _ring_cost(submission, "alltoall_pairwise", COST_M, lambda p: (p - 1) * COST_M, exact=True, check_rounds=False)
+
+
+def _ring_cost(submission, name, n, ideal_elements, exact, check_rounds=True):
+    for p, cases in _cases(submission, name).items():
+        case = _cost_case(cases, n)
+        messages = [t["messages_sent"] for t in case["totals"]]
+        elements = [t["elements_sent"] for t in case["totals"]]
+        ideal = ideal_elements(p)
+        what = f"{name} on {p} ranks, n = {n}"
+        assert all(m == p - 1 for m in messages), (
+            f"{what}: messages sent per rank {messages}, expected p - 1 = {p - 1} from every rank")
+        assert all(abs(e - ideal) <= (0 if exact else 1) for e in elements), (
+            f"{what}: elements sent per rank {elements}, expected {ideal:g} from every rank")
+        if check_rounds:
+            assert case["rounds"] == p - 1, f"{what}: {case['rounds']} rounds, expected p - 1 = {p - 1}"

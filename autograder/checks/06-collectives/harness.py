@@ -1,0 +1,233 @@
+"""Grader code that runs next to the student's ``collectives`` in the sandbox.
+
+``collective_job(p)`` runs every algorithm of the lab, at every size, in as
+few MPI jobs of ``p`` ranks as it can (starting ranks is the slow part on a
+small machine). On every rank, ``rank_side`` calls the student's function on
+an audited communicator (``course.mpi_audit.AuditComm``, synchronous sends so
+a send order that only works while MPI buffers small messages deadlocks at
+any size), then MPI's own collective on the raw communicator with the same
+inputs as the oracle. Each rank writes what it saw to a file per algorithm as
+soon as that algorithm is done, so when a job hangs or a rank raises, the
+files say which algorithm it was; the algorithms after it run again in a new
+job without it. A stub (``NotImplementedError`` on every rank before any
+message) is recorded and skipped within the same job.
+
+What comes back is plain data: per case, which ranks got a wrong answer
+(first differing element), each rank's message and element totals, and the
+longest chain of communication steps (``course.mpi_audit.rounds``).
+"""
+import ast
+import importlib.util
+import pickle
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from course import mpi
+from course.mpi_audit import COLLECTIVES, AuditComm, rounds, totals
+
+ALGORITHMS = ("bcast_binomial", "reduce_binomial", "allreduce_ring", "allreduce_recursive_doubling",
+              "allgather_ring", "reduce_scatter_ring", "alltoall_pairwise")
+SEED = 2026
+JOB_TIMEOUT_S = 20  # a correct job of 8 oversubscribed ranks takes 1-3 s on 2 cores; this is for deadlocks
+
+
+def cases(name, p):
+    """(n, root) per case: n below p, not divisible by p, divisible, and one large enough for costs."""
+    if name in ("allgather_ring", "alltoall_pairwise"):  # n: elements per rank (per block for all-to-all)
+        return [(m, 0) for m in (1, 3, 250)]
+    sizes = sorted({max(p - 1, 1), p + 1, 4 * p, 1001})
+    if name in ("bcast_binomial", "reduce_binomial"):
+        return [(n, 0) for n in sizes] + [(1001, p - 1), (p + 2, p // 2)]
+    return [(n, 0) for n in sizes]
+
+
+def _inputs(rank, n, p, name):
+    rng = np.random.default_rng([SEED, rank, n, p])
+    count = n * p if name == "alltoall_pairwise" else n
+    return rng.integers(-1000, 1000, count, dtype=np.int64)
+
+
+def _split_counts(n, p):
+    return [len(c) for c in np.array_split(np.arange(n), p)]
+
+
+def _run_case(comm, audited, student, name, n, root):
+    """(what the student's function gave on this rank, what MPI gives), for one case."""
+    from mpi4py import MPI
+
+    p, rank = comm.Get_size(), comm.Get_rank()
+    x = _inputs(rank, n, p, name)
+    if name == "bcast_binomial":
+        buf = x.copy() if rank == root else np.zeros(n, np.int64)
+        got = student.bcast_binomial(audited, buf, root=root)
+        want = x.copy()
+        comm.Bcast(want, root=root)
+    elif name == "reduce_binomial":
+        got = student.reduce_binomial(audited, x.copy(), root=root)
+        want = np.zeros(n, np.int64) if rank == root else None
+        comm.Reduce(x, want, op=MPI.SUM, root=root)
+    elif name in ("allreduce_ring", "allreduce_recursive_doubling"):
+        got = getattr(student, name)(audited, x.copy())
+        want = np.zeros(n, np.int64)
+        comm.Allreduce(x, want, op=MPI.SUM)
+    elif name == "reduce_scatter_ring":
+        got = student.reduce_scatter_ring(audited, x.copy())
+        counts = _split_counts(n, p)
+        want = np.zeros(counts[rank], np.int64)
+        comm.Reduce_scatter(x, want, recvcounts=counts, op=MPI.SUM)
+    elif name == "allgather_ring":
+        got = student.allgather_ring(audited, x.copy())
+        want = np.zeros(n * p, np.int64)
+        comm.Allgather(x, want)
+    else:
+        got = student.alltoall_pairwise(audited, x.copy())
+        want = np.zeros(n * p, np.int64)
+        comm.Alltoall(x, want)
+    return got, want
+
+
+def _compare(got, want, rank):
+    """None when equal, else one line on the first difference."""
+    if want is None:
+        return None if got is None else f"rank {rank} returned {type(got).__name__}, expected None (not the root)"
+    if got is None:
+        return f"rank {rank} returned None"
+    got = np.asarray(got)
+    if got.shape != want.shape:
+        return f"rank {rank} returned shape {got.shape}, expected {want.shape}"
+    bad = np.flatnonzero(got != want)
+    if bad.size:
+        i = int(bad[0])
+        return (f"rank {rank}: element [{i}] is {got[i]}, MPI gives {want[i]} "
+                f"({bad.size} of {want.size} elements differ)")
+    return None
+
+
+def rank_side(comm, names, folder):
+    """Every rank: run each named algorithm on every case; write a file per algorithm."""
+    import collectives as student
+
+    p, rank = comm.Get_size(), comm.Get_rank()
+    for name in names:
+        record = {"status": "ok", "cases": []}
+        dup = comm.Dup()  # a context of its own: a stray message cannot reach the next algorithm
+        try:
+            for n, root in cases(name, p):
+                audited = AuditComm(dup, synchronous_sends=True)
+                got, want = _run_case(comm, audited, student, name, n, root)
+                logs = comm.gather(audited.log, root=0)
+                case = {"n": n, "root": root, "mismatch": _compare(got, want, rank), "totals": totals(audited.log)}
+                if rank == 0:
+                    case["rounds"] = rounds(logs)
+                record["cases"].append(case)
+        except NotImplementedError as exc:  # a stub raises on every rank before sending anything
+            record = {"status": "not_implemented", "message": str(exc)}
+        dup.Free()
+        (Path(folder) / f"{name}.{rank}.pkl").write_bytes(pickle.dumps(record))
+    return None
+
+
+def _merge(records):
+    """One record per rank -> one per algorithm: cases with per-rank lists."""
+    first = records[0]
+    if first["status"] != "ok":
+        return {"status": first["status"], "message": first["message"]}
+    merged = []
+    for k, case in enumerate(first["cases"]):
+        per_rank = [r["cases"][k] for r in records]
+        merged.append({"n": case["n"], "root": case["root"], "rounds": case["rounds"],
+                       "mismatches": [c["mismatch"] for c in per_rank if c["mismatch"]],
+                       "totals": [c["totals"] for c in per_rank]})
+    return {"status": "ok", "cases": merged}
+
+
+def collective_job(p, names=ALGORITHMS):
+    """{algorithm: outcome} for ``p`` ranks; see the module docstring."""
+    offences = source_offences()
+    outcomes = {}
+    pending = []
+    for name in names:
+        found = offences.get(name, []) + offences.get("<module>", [])
+        if found:
+            outcomes[name] = {"status": "refused", "message": "; ".join(found)}
+        else:
+            pending.append(name)
+    while pending:
+        folder = tempfile.mkdtemp(prefix="k2c-06-")
+        try:
+            job = mpi.run(f"{__file__}:rank_side", p, pending, folder, timeout=JOB_TIMEOUT_S)
+            rest = []
+            for name in pending:
+                files = [Path(folder) / f"{name}.{r}.pkl" for r in range(p)]
+                if all(f.exists() for f in files):
+                    outcomes[name] = _merge([pickle.loads(f.read_bytes()) for f in files])
+                else:
+                    rest.append(name)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        if not rest:
+            break
+        # The first algorithm that did not finish everywhere is the one that hung or raised.
+        status = job.status if job.status in ("timeout", "raised") else "crashed"
+        outcomes[rest[0]] = {"status": status, "message": _one_line(job.explain())}
+        pending = rest[1:]
+    return outcomes
+
+
+def _one_line(message):
+    """MPICH's errors carry a stack of internal calls: keep the call that failed and the reason."""
+    lines = message.strip().splitlines()
+    if len(lines) == 1:
+        return message
+    call = re.search(r"(MPI_\w+?)(?:_c)?\(", message)
+    reason = re.sub(r"^\w+\(\d+\):\s*", "", lines[-1])
+    head = lines[0].replace(", error stack:", "")
+    return f"{head} in {call.group(1) if call else 'an MPI call'}: {reason}"
+
+
+# --- the source: MPI's collectives, or the raw communicator, are refused ----------------
+
+def _student_source():
+    spec = importlib.util.find_spec("collectives")
+    return Path(spec.origin).read_text(), Path(spec.origin).name
+
+
+def source_offences():
+    """{function name (or "<module>"): [what it calls that the lab forbids, with line]}.
+
+    ``comm.Allreduce(...)`` on the audited communicator is refused when it runs;
+    this finds the bypasses: MPI.COMM_WORLD, the wrapper's ``_comm``, and
+    collective calls on anything. Lower-case names (``reduce``, ``gather``) count
+    only on a communicator argument, so ``np.add.reduce`` is fine.
+    """
+    source, filename = _student_source()
+    tree = ast.parse(source)
+    owner, communicators = {}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if node.args.args:
+                communicators.add(node.args.args[0].arg)  # every function takes the communicator first
+            if node.col_offset == 0:
+                for inner in ast.walk(node):
+                    owner.setdefault(id(inner), node.name)
+    found = {}
+    for node in ast.walk(tree):
+        what = None
+        if isinstance(node, ast.Attribute) and node.attr in COLLECTIVES and _is_called(node, tree) and (
+                node.attr[0].isupper() or (isinstance(node.value, ast.Name) and node.value.id in communicators)):
+            what = f"calls .{node.attr}(), one of MPI's own collectives"
+        elif isinstance(node, ast.Attribute) and node.attr in ("COMM_WORLD", "COMM_SELF", "_comm"):
+            what = f"reaches past the communicator it was given ({node.attr})"
+        elif isinstance(node, ast.Name) and node.id == "COMM_WORLD":
+            what = "uses MPI.COMM_WORLD instead of the communicator it was given"
+        if what:
+            found.setdefault(owner.get(id(node), "<module>"), []).append(f"{filename}:{node.lineno} {what}")
+    return found
+
+
+def _is_called(attribute, tree):
+    return any(isinstance(n, ast.Call) and n.func is attribute for n in ast.walk(tree))

@@ -1,0 +1,220 @@
+"""What lecture 06 runs on MPI ranks, and the pictures and cost models it draws.
+
+Rank functions are called as ``f(comm, *args)`` by ``course.mpi.run`` (they
+must live in a module, not in the notebook). The lab's algorithms are not
+here — students write those — only the naive versions the lecture audits,
+the measurements, and *schedules*: who sends what to whom in each round of
+each algorithm, as lists the drawing function turns into a picture.
+"""
+import contextlib
+import math
+import os
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from course import mpi
+from course.mpi_audit import AuditComm, rounds, totals
+
+# --- measurements ---------------------------------------------------------------------
+
+
+def ping_pong(comm, sizes, repeats):
+    """One-way time of a message of each size in bytes (median of ``repeats`` round trips / 2)."""
+    from mpi4py import MPI
+
+    out = []
+    for nbytes in sizes:
+        buf = np.zeros(max(nbytes, 1), np.uint8)[:nbytes]
+        samples = []
+        for _ in range(repeats):
+            comm.Barrier()
+            start = MPI.Wtime()
+            if comm.rank == 0:
+                comm.Send(buf, dest=1)
+                comm.Recv(buf, source=1)
+            elif comm.rank == 1:
+                comm.Recv(buf, source=0)
+                comm.Send(buf, dest=0)
+            samples.append((MPI.Wtime() - start) / 2)
+        out.append(float(np.median(samples)))
+    return out
+
+
+def time_allreduce(comm, sizes, repeats):
+    """Fastest of ``repeats`` calls of MPI's Allreduce (slowest rank per call), per size in bytes (float32 sum).
+
+    The minimum, not the median: on a shared, oversubscribed machine other
+    processes only ever add time, and the fastest call is the algorithm's own."""
+    from mpi4py import MPI
+
+    out = []
+    for nbytes in sizes:
+        x = np.ones(nbytes // 4, np.float32)
+        y = np.empty_like(x)
+        comm.Allreduce(x, y)  # warm-up
+        samples = []
+        for _ in range(repeats):
+            comm.Barrier()
+            start = MPI.Wtime()
+            comm.Allreduce(x, y)
+            samples.append(comm.allreduce(MPI.Wtime() - start, op=MPI.MAX))
+        out.append(float(np.min(samples)))
+    return out
+
+
+@contextlib.contextmanager
+def mpich_algorithm(name):
+    """Ask MPICH to use one allreduce algorithm (``ring``, ``recursive_doubling`` …) for jobs started inside.
+
+    MPICH reads these control variables from the environment of each rank, and
+    ``course.mpi.run`` passes this process's environment on.
+    """
+    settings = {"MPIR_CVAR_DEVICE_COLLECTIVES": "none", "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": name}
+    saved = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def allreduce_times(algorithm, p, sizes, repeats=9):
+    """Seconds per MPICH Allreduce with ``algorithm`` on ``p`` ranks, for each size in bytes."""
+    with mpich_algorithm(algorithm):
+        return mpi.run(time_allreduce, p, sizes, repeats, timeout=300).check().results[0]
+
+
+# --- naive collectives, audited ------------------------------------------------------------
+
+
+def linear_bcast(comm, n):
+    """The root sends the whole buffer to every other rank in turn: p - 1 rounds."""
+    audited = AuditComm(comm)
+    x = np.arange(n, dtype=np.int64) if audited.rank == 0 else np.empty(n, np.int64)
+    if audited.rank == 0:
+        for dest in range(1, audited.size):
+            audited.Send(x, dest)
+    else:
+        audited.Recv(x, 0)
+    return audited.log
+
+
+def funnel_allreduce(comm, n):
+    """Everyone sends to rank 0, which adds and sends the sum back: right answer, rank 0 does all the work."""
+    audited = AuditComm(comm)
+    total = np.full(n, audited.rank + 1, np.int64)
+    if audited.rank == 0:
+        incoming = np.empty_like(total)
+        for source in range(1, audited.size):
+            audited.Recv(incoming, source)
+            total += incoming
+        for dest in range(1, audited.size):
+            audited.Send(total, dest)
+    else:
+        audited.Send(total, 0)
+        audited.Recv(total, 0)
+    return audited.log
+
+
+def audit_summary(logs):
+    """Per-rank messages and elements sent, and the longest chain of steps, from every rank's log."""
+    per_rank = [totals(log) for log in logs]
+    return {"messages_sent": [t["messages_sent"] for t in per_rank],
+            "elements_sent": [t["elements_sent"] for t in per_rank], "rounds": rounds(logs)}
+
+
+# --- schedules: who sends what to whom, round by round -------------------------------------
+
+def binomial_bcast_schedule(p, root=0):
+    """Rounds of (source, destination, label): in round k every rank that has the data sends 2**k further."""
+    schedule, mask = [], 1
+    while mask < p:
+        schedule.append([((v + root) % p, (v + mask + root) % p, "") for v in range(mask) if v + mask < p])
+        mask *= 2
+    return schedule
+
+
+def ring_allreduce_schedule(p):
+    """2(p-1) rounds: p-1 of reduce-scatter (partial sums of chunk c), then p-1 of allgather (finished chunks)."""
+    schedule = []
+    for step in range(p - 1):
+        schedule.append([(r, (r + 1) % p, f"+{(r - step) % p}") for r in range(p)])
+    for step in range(p - 1):
+        schedule.append([(r, (r + 1) % p, f"={(r - step + 1) % p}") for r in range(p)])
+    return schedule
+
+
+def recursive_doubling_schedule(p):
+    """Rounds of whole-vector exchanges; when p is not a power of two, a fold round first and an unfold round last."""
+    q = 1 << (p.bit_length() - 1)
+    extra = p - q
+
+    def real(v):
+        return 2 * v + 1 if v < extra else v + extra
+
+    schedule = []
+    if extra:
+        schedule.append([(2 * i, 2 * i + 1, "fold") for i in range(extra)])
+    mask = 1
+    while mask < q:
+        schedule.append([(real(v), real(v ^ mask), "") for v in range(q)])
+        mask *= 2
+    if extra:
+        schedule.append([(2 * i + 1, 2 * i, "sum") for i in range(extra)])
+    return schedule
+
+
+def draw_schedule(schedule, p, ax=None, title="", wrap_dashed=False):
+    """Ranks as horizontal lanes, rounds left to right, one arrow per message, labelled at its source.
+
+    ``wrap_dashed``: draw messages to a lower-numbered rank dashed (a ring's wrap-around).
+    """
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.2 + 1.1 * len(schedule), 0.45 * p + 0.9), layout="constrained")
+    for rank in range(p):
+        ax.axhline(rank, color="0.85", lw=1, zorder=0)
+    colours = plt.get_cmap("tab10")
+    for k, messages in enumerate(schedule):
+        for src, dst, label in messages:
+            style = "--" if wrap_dashed and dst < src else "-"
+            ax.annotate("", xy=(k + 0.85, dst), xytext=(k + 0.15, src),
+                        arrowprops={"arrowstyle": "->", "color": colours(src % 10), "lw": 1.3, "ls": style})
+            if label:
+                ax.text(k + 0.1, src - 0.12, label, fontsize=7, ha="left", va="bottom", color=colours(src % 10))
+    ax.set_xlim(0, max(len(schedule), 1))
+    ax.set_ylim(p - 0.5, -0.6)
+    ax.set_yticks(range(p), [f"rank {r}" for r in range(p)], fontsize=8)
+    ax.set_xticks([k + 0.5 for k in range(len(schedule))], [str(k + 1) for k in range(len(schedule))], fontsize=8)
+    ax.set_xlabel("round")
+    ax.set_title(title, fontsize=9)
+    return ax
+
+
+# --- the α–β costs ------------------------------------------------------------------------
+
+def cost_binomial_bcast(p, nbytes, alpha, beta):
+    return math.ceil(math.log2(p)) * (alpha + nbytes * beta)
+
+
+def cost_ring_allreduce(p, nbytes, alpha, beta):
+    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes * beta
+
+
+def cost_recursive_doubling(p, nbytes, alpha, beta):
+    q = 1 << (p.bit_length() - 1)
+    fold = 0 if q == p else 2  # the fold and unfold rounds
+    return (math.log2(q) + fold) * (alpha + nbytes * beta)
+
+
+def crossover_bytes(p, alpha, beta):
+    """Message size above which the ring allreduce beats recursive doubling (p a power of two)."""
+    rounds_saved = 2 * (p - 1) - math.log2(p)  # extra α the ring pays
+    bytes_saved = math.log2(p) - 2 * (p - 1) / p  # β·n recursive doubling pays extra, per byte
+    if bytes_saved <= 0:  # p = 2: both send the whole vector once; recursive doubling pays fewer α
+        return math.inf
+    return alpha * rounds_saved / (beta * bytes_saved)

@@ -1,0 +1,232 @@
+"""Lab 05 — Message passing with MPI.
+
+The heat equation on a grid split across MPI ranks, then a measurement of what
+one message costs:
+
+1. ``split_rows`` — which rows (or points) each rank owns in a block decomposition;
+2. ``exchange_halos`` — 1D: swap one ghost cell with each neighbour (``Sendrecv``);
+   ``exchange_halos_nonblocking`` — the same with ``Irecv``/``Isend`` and waits;
+3. ``heat_step_1d`` and ``run_heat_1d`` — the explicit heat equation, distributed;
+4. ``exchange_halo_rows``, ``heat_step_2d`` and ``run_heat_2d`` — the same in 2D,
+   with whole ghost rows;
+5. ``ping_pong`` and ``fit_alpha_beta`` — time messages between two ranks and fit
+   the α–β model ``t(n) = α + β·n``.
+
+Every function that talks takes the communicator ``comm`` first and uses only
+it (never ``MPI.COMM_WORLD``): the grader hands you a communicator that records
+your messages. Use point-to-point calls only (``Sendrecv``, ``Send``, ``Recv``,
+``Isend``, ``Irecv`` and ``request.Wait()``).
+
+The grid has fixed (Dirichlet) boundary values: ``u[0]`` and ``u[-1]`` (in 2D
+the first and last row and column) never change. Only the interior is split
+between ranks. Each rank keeps its block with one ghost cell (row) on each
+side; at the edges of the domain that ghost holds the boundary value, and the
+neighbour there is ``MPI.PROC_NULL``, which makes a send or receive do nothing.
+
+Run the checks with ``k2c grade 05`` (from the repository root), or try the
+functions on N ranks from a notebook with ``course.mpi.run("heat_mpi:...", N, ...)``.
+"""
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+# --- 1. Block decomposition ----------------------------------------------------
+
+
+def split_rows(n, size, rank):
+    """``(start, stop)``: the rows ``start <= i < stop`` of ``n`` that ``rank`` of ``size`` owns.
+
+    Blocks are contiguous and in rank order; they cover ``0 .. n`` exactly once.
+    When ``size`` does not divide ``n``, the first ``n % size`` ranks get one row
+    more than the others (10 rows on 4 ranks: 3, 3, 2, 2).
+    """
+    # BEGIN SOLUTION: base, extra = divmod(n, size); ranks before this one took `base` rows each, plus one each for the first `extra` of them
+    base, extra = divmod(n, size)
+    start = rank * base + min(rank, extra)
+    stop = start + base + (1 if rank < extra else 0)
+    return start, stop
+    # END SOLUTION
+
+
+def neighbours(comm):
+    """``(left, right)``: the ranks before and after this one; ``MPI.PROC_NULL`` past the domain's edges."""
+    # BEGIN SOLUTION: the domain is not periodic: rank 0 has no left neighbour and the last rank no right one
+    rank, size = comm.Get_rank(), comm.Get_size()
+    left = rank - 1 if rank > 0 else MPI.PROC_NULL
+    right = rank + 1 if rank < size - 1 else MPI.PROC_NULL
+    return left, right
+    # END SOLUTION
+
+
+# --- 2. Halo exchange in 1D ------------------------------------------------------
+
+
+def exchange_halos(comm, u):
+    """Fill the ghost cells ``u[0]`` and ``u[-1]`` from the neighbours, in place.
+
+    ``u[1:-1]`` is this rank's block. The left neighbour's last owned value
+    goes into ``u[0]``, the right neighbour's first into ``u[-1]``; at the edges
+    of the domain the ghost keeps its (boundary) value. One ``comm.Sendrecv`` per
+    direction: each rank sends and receives in one call, so no order of calls
+    can deadlock.
+    """
+    left, right = neighbours(comm)
+    # BEGIN SOLUTION: comm.Sendrecv(sendbuf, dest=..., recvbuf=..., source=...) twice: send u[1:2] left while receiving u[-1:] from the right, then the mirror image. Slices are views, so received values land in u
+    comm.Sendrecv(u[1:2], dest=left, sendtag=0, recvbuf=u[-1:], source=right, recvtag=0)
+    comm.Sendrecv(u[-2:-1], dest=right, sendtag=1, recvbuf=u[0:1], source=left, recvtag=1)
+    # END SOLUTION
+
+
+def exchange_halos_nonblocking(comm, u):
+    """The same exchange as :func:`exchange_halos`, with non-blocking calls.
+
+    Post both receives first (``comm.Irecv``), then both sends (``comm.Isend``),
+    then wait for all four requests (``request.Wait()`` on each). A receive that
+    is already posted when its message arrives needs no buffering, and nothing
+    waits until everything is under way.
+    """
+    left, right = neighbours(comm)
+    # BEGIN SOLUTION: requests = [comm.Irecv(u[0:1], source=left, tag=...), ...]; then comm.Isend(...) for u[1:2] and u[-2:-1]; the tags of a send and its receive must match; finally request.Wait() for each
+    requests = [comm.Irecv(u[0:1], source=left, tag=1), comm.Irecv(u[-1:], source=right, tag=0)]
+    requests += [comm.Isend(u[1:2], dest=left, tag=0), comm.Isend(u[-2:-1], dest=right, tag=1)]
+    for request in requests:
+        request.Wait()
+    # END SOLUTION
+
+
+# --- 3. The heat equation in 1D --------------------------------------------------
+
+
+def heat_step_1d(u, alpha):
+    """One explicit step: a new array whose interior is
+
+    ``u[i] + alpha * (u[i-1] - 2*u[i] + u[i+1])``
+
+    evaluated in exactly that order (so every rank gets the bits the serial
+    code gets), and whose first and last values are copied from ``u``.
+    """
+    # BEGIN SOLUTION: copy u, then write the interior with slices u[:-2], u[1:-1], u[2:]
+    new = u.copy()
+    new[1:-1] = u[1:-1] + alpha * (u[:-2] - 2 * u[1:-1] + u[2:])
+    return new
+    # END SOLUTION
+
+
+def run_heat_1d(comm, u, steps, alpha, nonblocking=False):
+    """Run ``steps`` heat steps of the global grid ``u`` (boundary included) on all ranks.
+
+    The ``len(u) - 2`` interior points are split with :func:`split_rows`; each
+    rank copies its block and the two values around it, then, every step,
+    exchanges halos (:func:`exchange_halos_nonblocking` if ``nonblocking``) and
+    takes a step. Returns this rank's block of the result (its interior points
+    only, without ghosts): concatenated in rank order, the blocks are the
+    interior of the serial result.
+    """
+    exchange = exchange_halos_nonblocking if nonblocking else exchange_halos
+    # BEGIN SOLUTION: start, stop = split_rows(len(u) - 2, size, rank); interior point k is u[k + 1], so the block with its ghosts is u[start:stop + 2]
+    start, stop = split_rows(len(u) - 2, comm.Get_size(), comm.Get_rank())
+    local = np.array(u[start:stop + 2], dtype=np.float64)
+    for _ in range(steps):
+        exchange(comm, local)
+        local = heat_step_1d(local, alpha)
+    return local[1:-1]
+    # END SOLUTION
+
+
+# --- 4. The heat equation in 2D, split by rows ------------------------------------
+
+
+def exchange_halo_rows(comm, u):
+    """Fill the ghost rows ``u[0, :]`` and ``u[-1, :]`` from the neighbours, in place.
+
+    The 2D version of :func:`exchange_halos`: the rank above sends its last
+    owned row into ``u[0]``, the rank below its first owned row into ``u[-1]``.
+    A row of a C-ordered array is contiguous, so ``u[1]`` can be sent as it is.
+    """
+    up, down = neighbours(comm)
+    # BEGIN SOLUTION: two Sendrecv calls, as in 1D, with whole rows: u[1] goes up while u[-1] arrives from below, u[-2] goes down while u[0] arrives from above
+    comm.Sendrecv(u[1], dest=up, sendtag=0, recvbuf=u[-1], source=down, recvtag=0)
+    comm.Sendrecv(u[-2], dest=down, sendtag=1, recvbuf=u[0], source=up, recvtag=1)
+    # END SOLUTION
+
+
+def heat_step_2d(u, alpha):
+    """One explicit step in 2D: a new array whose interior is
+
+    ``u[i, j] + alpha * (u[i-1, j] + u[i+1, j] + u[i, j-1] + u[i, j+1] - 4*u[i, j])``
+
+    evaluated in exactly that order; the first and last rows and columns are copied from ``u``.
+    """
+    # BEGIN SOLUTION: copy u, then write new[1:-1, 1:-1] with the four shifted slices of u
+    new = u.copy()
+    centre = u[1:-1, 1:-1]
+    new[1:-1, 1:-1] = centre + alpha * (u[:-2, 1:-1] + u[2:, 1:-1] + u[1:-1, :-2] + u[1:-1, 2:] - 4 * centre)
+    return new
+    # END SOLUTION
+
+
+def run_heat_2d(comm, u, steps, alpha):
+    """Run ``steps`` 2D heat steps of the global grid ``u`` (boundary rows and columns included).
+
+    The ``u.shape[0] - 2`` interior rows are split with :func:`split_rows`;
+    every rank keeps whole rows (boundary columns included) plus one ghost row
+    above and below. Returns this rank's owned rows of the result, all
+    columns: stacked in rank order they are ``serial_result[1:-1, :]``.
+    """
+    # BEGIN SOLUTION: as in 1D, with rows: u[start:stop + 2] is the block with its ghost rows
+    start, stop = split_rows(u.shape[0] - 2, comm.Get_size(), comm.Get_rank())
+    local = np.array(u[start:stop + 2], dtype=np.float64)
+    for _ in range(steps):
+        exchange_halo_rows(comm, local)
+        local = heat_step_2d(local, alpha)
+    return local[1:-1]
+    # END SOLUTION
+
+
+# --- 5. What a message costs -------------------------------------------------------
+
+
+def ping_pong(comm, sizes, repeats):
+    """One-way message times between ranks 0 and 1, one per size in ``sizes`` (bytes).
+
+    For each size, rank 0 sends a ``np.uint8`` buffer of that many bytes to rank 1
+    and rank 1 sends it straight back, ``repeats`` times (after one round trip
+    that is not timed, to warm up). The one-way time is the timed total over
+    ``2 * repeats``. Rank 0 returns the list of one-way times in seconds; rank 1
+    returns ``None`` and ranks above 1 take no part (and return ``None``).
+    """
+    # BEGIN SOLUTION: rank 0: Send then Recv; rank 1: Recv then Send (the same buffer back); time.perf_counter() around the timed round trips
+    rank = comm.Get_rank()
+    if rank > 1:
+        return None
+    times = []
+    for size in sizes:
+        buf = np.zeros(int(size), dtype=np.uint8)
+        for trip in range(repeats + 1):
+            if trip == 1:
+                start = time.perf_counter()
+            if rank == 0:
+                comm.Send(buf, dest=1, tag=7)
+                comm.Recv(buf, source=1, tag=7)
+            else:
+                comm.Recv(buf, source=0, tag=7)
+                comm.Send(buf, dest=0, tag=7)
+        elapsed = time.perf_counter() - start if repeats else 0.0
+        times.append(elapsed / (2 * repeats) if repeats else 0.0)
+    return times if rank == 0 else None
+    # END SOLUTION
+
+
+def fit_alpha_beta(sizes, times):
+    """Least-squares fit of ``t = alpha + beta * n``: returns ``(alpha, beta)`` as floats.
+
+    ``alpha`` is the latency (seconds per message), ``beta`` the inverse
+    bandwidth (seconds per byte).
+    """
+    # BEGIN SOLUTION: np.linalg.lstsq with a design matrix whose columns are 1 and n
+    n = np.asarray(sizes, dtype=np.float64)
+    design = np.column_stack([np.ones_like(n), n])
+    (alpha, beta), *_ = np.linalg.lstsq(design, np.asarray(times, dtype=np.float64), rcond=None)
+    return float(alpha), float(beta)
+    # END SOLUTION
