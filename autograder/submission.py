@@ -61,13 +61,31 @@ class Submission:
         self.tier = tier
         self.limits = limits
         self.env = env
+        self._simulated: Submission | None = None
+        self._once: dict = {}
 
     def in_simulator(self) -> "Submission":
         """The same submission run in numba's CUDA simulator, whatever the tier: for
         checks that inspect what a kernel does to memory (``course.cuda_audit``),
         which only the simulator can show, rather than how fast it runs."""
-        return Submission(self.path, self.harness_path, "cpu", self.limits,
-                          dict(self.env, NUMBA_ENABLE_CUDASIM="1"))
+        if self._simulated is None:
+            self._simulated = Submission(self.path, self.harness_path, "cpu", self.limits,
+                                         dict(self.env, NUMBA_ENABLE_CUDASIM="1"))
+        return self._simulated
+
+    def harness_once(self, key, func: str, *args):
+        """``harness(func, *args)``, run once per grading run for ``key``: several
+        checks that read one expensive run (an MPI job, a simulated launch) share
+        its value, or see the same error."""
+        if key not in self._once:
+            try:
+                self._once[key] = (True, self.harness(func, *args))
+            except SubmissionError as exc:
+                self._once[key] = (False, exc)
+        ok, value = self._once[key]
+        if not ok:
+            raise value
+        return value
 
     def call(self, dotted_name: str, *args, **kwargs):
         module, func = dotted_name.rsplit(".", 1)

@@ -8,8 +8,6 @@ deadlocks is stopped at the launcher's timeout and reported as such. The
 oracle is serial NumPy written here, with the operation order the lab
 prescribes, so distributed results must equal it bit for bit.
 """
-import weakref
-
 import numpy as np
 import pytest
 
@@ -41,24 +39,16 @@ CASES = {"halo_1d": CASES_1D, "halo_1d_nonblocking": CASES_1D, "heat_1d": CASES_
          "halo_rows": CASES_2D, "heat_2d": CASES_2D,
          "ping_pong": [{"sizes": [8, 1000, 65536], "repeats": 3}]}
 
-# One job per part and rank count, shared by the checks that read it; per submission
-# object, so grading several submissions in one process never mixes their results.
-_JOBS = weakref.WeakKeyDictionary()
-
 
 def _on_ranks(submission, part, n):
-    """Every rank's ``{"results": [per case], "logs": [per case]}`` for one part on ``n`` ranks."""
-    jobs = _JOBS.setdefault(submission, {})
-    if (part, n) not in jobs:
-        try:
-            jobs[part, n] = submission.harness("run_on_ranks", part, n, CASES[part])
-        except NotImplementedYet as exc:
-            jobs[part, n] = exc
-        except SubmissionError as exc:  # say at which rank count it went wrong
-            jobs[part, n] = type(exc)(f"on {n} rank(s): {exc}", exc.outcome)
-    if isinstance(jobs[part, n], Exception):
-        raise jobs[part, n]
-    return jobs[part, n]
+    """Every rank's ``{"results": [per case], "logs": [per case]}`` for one part on ``n`` ranks
+    (one job per part and rank count, shared by the checks that read it)."""
+    try:
+        return submission.harness_once((part, n), "run_on_ranks", part, n, CASES[part])
+    except NotImplementedYet:
+        raise
+    except SubmissionError as exc:  # say at which rank count it went wrong
+        raise type(exc)(f"on {n} rank(s): {exc}", exc.outcome) from None
 
 
 def _split(n, size, rank):
