@@ -1,7 +1,9 @@
 """course.mpi runs functions on N ranks and never outlives its timeout;
 course.mpi_audit counts messages and rounds as the algorithms' costs say."""
 import os
+import threading
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -15,17 +17,26 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def _ours() -> list[str]:
-    """Live processes started by these tests (zombies are already dead)."""
+    """Live processes started by this test (zombies are already dead). Other tests
+    may run MPI jobs at the same time (pytest-xdist): ours carry this test's marker
+    in their environment, which mpiexec and the sandbox pass on."""
+    marker = f"K2C_TEST_JOB={os.environ['K2C_TEST_JOB']}".encode()
     found = []
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
             cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if state != "Z" and ("course.mpi" in cmd or "hydra_pmi_proxy" in cmd or "mpiexec" in cmd):
+        if state != "Z" and marker in environ:
             found.append(f"{entry} {cmd}")
     return found
+
+
+@pytest.fixture(autouse=True)
+def _marked(monkeypatch):
+    monkeypatch.setenv("K2C_TEST_JOB", uuid.uuid4().hex)
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +56,12 @@ def test_a_file_path_target():
 
 def test_deadlock_is_stopped_at_the_timeout_with_nothing_left():
     start = time.monotonic()
+    running = []  # what _ours() sees mid-job: the check below is not vacuous
+    spy = threading.Timer(2.5, lambda: running.extend(_ours()))
+    spy.start()
     job = mpi.run("mpi_algos:deadlock", 3, timeout=4)
+    spy.join()
+    assert len(running) >= 4, running  # mpiexec, its proxy, three ranks
     assert job.status == "timeout" and 4 <= time.monotonic() - start < 15
     assert "likely deadlock" in job.explain() and "[0, 1, 2]" in job.explain()
     with pytest.raises(mpi.MPIJobError, match="likely deadlock"):
