@@ -3,6 +3,7 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,28 @@ def make_submission(tmp_path):
         path.write_text(source)
         return folder
     return make
+
+
+@pytest.fixture
+def our_processes(monkeypatch):
+    """A function listing the live processes this test started (zombies are already
+    dead). Other tests may run jobs at the same time (pytest-xdist): ours carry this
+    test's marker in their environment, which mpiexec, the launchers and the
+    sandbox pass on."""
+    token = uuid.uuid4().hex
+    monkeypatch.setenv("K2C_TEST_JOB", token)
+    marker = f"K2C_TEST_JOB={token}".encode()
+
+    def ours() -> list[str]:
+        found = []
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if state != "Z" and marker in environ:
+                found.append(f"{entry} {cmd}")
+        return found
+    return ours

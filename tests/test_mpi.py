@@ -1,9 +1,7 @@
 """course.mpi runs functions on N ranks and never outlives its timeout;
 course.mpi_audit counts messages and rounds as the algorithms' costs say."""
-import os
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -14,29 +12,6 @@ from course import mpi
 from course.mpi_audit import CollectiveNotAllowed, rounds, totals
 
 FIXTURES = Path(__file__).parent / "fixtures"
-
-
-def _ours() -> list[str]:
-    """Live processes started by this test (zombies are already dead). Other tests
-    may run MPI jobs at the same time (pytest-xdist): ours carry this test's marker
-    in their environment, which mpiexec and the sandbox pass on."""
-    marker = f"K2C_TEST_JOB={os.environ['K2C_TEST_JOB']}".encode()
-    found = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if state != "Z" and marker in environ:
-            found.append(f"{entry} {cmd}")
-    return found
-
-
-@pytest.fixture(autouse=True)
-def _marked(monkeypatch):
-    monkeypatch.setenv("K2C_TEST_JOB", uuid.uuid4().hex)
 
 
 @pytest.fixture(autouse=True)
@@ -54,10 +29,10 @@ def test_a_file_path_target():
     assert job.results == [6.0, 6.0]
 
 
-def test_deadlock_is_stopped_at_the_timeout_with_nothing_left():
+def test_deadlock_is_stopped_at_the_timeout_with_nothing_left(our_processes):
     start = time.monotonic()
-    running = []  # what _ours() sees mid-job: the check below is not vacuous
-    spy = threading.Timer(2.5, lambda: running.extend(_ours()))
+    running = []  # what our_processes() sees mid-job: the check below is not vacuous
+    spy = threading.Timer(2.5, lambda: running.extend(our_processes()))
     spy.start()
     job = mpi.run("mpi_algos:deadlock", 3, timeout=4)
     spy.join()
@@ -67,7 +42,7 @@ def test_deadlock_is_stopped_at_the_timeout_with_nothing_left():
     with pytest.raises(mpi.MPIJobError, match="likely deadlock"):
         job.check()
     time.sleep(0.5)
-    assert _ours() == []
+    assert our_processes() == []
 
 
 def test_a_rank_that_raises_ends_the_job_at_once():
@@ -91,7 +66,7 @@ def test_functions_from_main_are_refused_with_advice():
 
 @pytest.mark.parametrize("launcher_timeout, sandbox_timeout", [(3, 30), (60, 4)],
                          ids=["launcher stops it", "sandbox stops it"])
-def test_deadlock_inside_the_sandbox_leaves_no_process(tmp_path, launcher_timeout, sandbox_timeout):
+def test_deadlock_inside_the_sandbox_leaves_no_process(tmp_path, launcher_timeout, sandbox_timeout, our_processes):
     (tmp_path / "job.py").write_text(
         "from course import mpi\n\n"
         f"def go():\n    return mpi.run('mpi_algos:deadlock', 4, timeout={launcher_timeout}).check().results\n")
@@ -103,7 +78,7 @@ def test_deadlock_inside_the_sandbox_leaves_no_process(tmp_path, launcher_timeou
     if launcher_timeout < sandbox_timeout:
         assert "likely deadlock" in outcome.message
     time.sleep(0.5)
-    assert _ours() == []
+    assert our_processes() == []
 
 
 @pytest.mark.parametrize("p, want", [(2, 1), (5, 3), (8, 3)])

@@ -1,0 +1,181 @@
+"""Run a function on N torch.distributed processes — from a notebook, a lab or the grader.
+
+    from course import dist
+    job = dist.run("ddp:train", 4, steps=5, timeout=60)   # or a function object
+    job.results        # what each process returned, by rank
+    job.check()        # raise a readable error unless every rank finished
+
+``target`` is a function, ``"module:function"`` or ``"path/to/file.py:function"``.
+``run(target, n, *args)`` starts ``n`` fresh Python processes (this interpreter,
+this environment). Rank 0 opens a rendezvous store on a free loopback port
+(the operating system picks it, so parallel jobs never collide) and tells the
+others where it is; each process then joins the default process group — gloo
+on the CPU, NCCL when every rank can have a GPU of its own — and calls
+``target(*args, **kwargs)``. The target uses ``torch.distributed`` as it would
+under ``torchrun``: ``dist.get_rank()``, ``dist.all_reduce(...)``, and
+``device()`` for where its tensors go. Lab code written this way runs
+unchanged on a multi-GPU node: ``torchrun --nproc-per-node 8 script.py`` with
+``init()`` at the top of the script.
+
+A job never outlives its timeout, and one rank's error ends it: the other ranks
+would otherwise wait in their next collective until gloo's own timeout (half
+an hour). Every process of the job is killed either way, and the result says
+which ranks had finished.
+
+The target must be importable by the worker processes — a function in a
+``.py`` module, not one defined in a notebook: each worker is a new interpreter
+that cannot see the notebook's ``__main__`` (this is also why
+``torch.multiprocessing.spawn`` fails there). The caller's working folder and
+``sys.path`` are passed on, so a module next to the notebook works.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from course.jobs import Job, JobError, call_and_reply, kill_tree, load_target, target_name, worker_env
+
+DistJob, DistJobError = Job, JobError
+HOST = "127.0.0.1"
+
+
+def run(target, n: int, *args, timeout: float = 60, backend: str = "auto", **kwargs) -> Job:
+    """Call ``target(*args, **kwargs)`` on ``n`` processes; see the module docstring."""
+    if n < 1:
+        raise ValueError(f"need at least one process, got n={n}")
+    request = {"target": target_name(target), "args": args, "kwargs": kwargs, "backend": backend,
+               "timeout": timeout}
+    with tempfile.TemporaryDirectory(prefix="k2c-dist-") as folder:
+        # Launcher and workers run the same code on the caller's behalf, so pickle
+        # is fine between them; the grader itself never unpickles (see autograder.codec).
+        (Path(folder) / "request.pkl").write_bytes(pickle.dumps(request))
+        log = Path(folder) / "output.txt"
+        start = time.monotonic()
+        procs = []
+        with open(log, "wb") as out:
+            try:
+                for rank in range(n):
+                    env = worker_env()
+                    env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n),
+                               MASTER_ADDR=HOST)
+                    # A session each: killing it (and what it started) cannot touch the caller.
+                    procs.append(subprocess.Popen([sys.executable, "-m", "course.dist", folder], env=env,
+                                                  stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                  start_new_session=True))
+                timed_out = _wait(procs, start + timeout)
+            finally:
+                # Freeze every worker first: one that sees a peer die would report that as its own error.
+                for proc in procs:
+                    try:
+                        os.killpg(proc.pid, signal.SIGSTOP)
+                    except OSError:
+                        pass
+                for proc in procs:
+                    kill_tree(proc)
+        job = Job(n, "ok", [None] * n, duration_s=time.monotonic() - start, timeout_s=timeout, kind="torch")
+        job.read_replies(Path(folder))
+        job.output = log.read_bytes()[-4000:].decode(errors="replace")
+    return job.settle(timed_out, clean_exit=all(p.returncode == 0 for p in procs))
+
+
+def _wait(procs, deadline) -> bool:
+    """Wait until every worker exits, one fails, or the deadline passes (True)."""
+    while time.monotonic() < deadline:
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def backend_for(n: int, backend: str = "auto") -> str:
+    """NCCL when each of ``n`` local ranks can have a GPU of its own, else gloo."""
+    if backend != "auto":
+        return backend
+    import torch
+
+    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= n else "gloo"
+
+
+def device():
+    """Where this rank's tensors go: its own GPU under NCCL, else the CPU."""
+    import torch
+    import torch.distributed as tdist
+
+    if tdist.is_initialized() and tdist.get_backend() == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", tdist.get_rank())))
+    return torch.device("cpu")
+
+
+def init(backend: str = "auto", timeout: float = 600):
+    """Join the default process group from torchrun's environment variables
+    (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); a no-op when already joined.
+    For scripts run with ``torchrun``; ``run`` does this for its workers."""
+    import torch
+    import torch.distributed as tdist
+
+    if not tdist.is_initialized():
+        world = int(os.environ.get("WORLD_SIZE", 1))
+        chosen = backend_for(int(os.environ.get("LOCAL_WORLD_SIZE", world)), backend)
+        if chosen == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        tdist.init_process_group(chosen, timeout=datetime.timedelta(seconds=timeout))
+    return tdist.group.WORLD
+
+
+# -- the worker side: python -m course.dist FOLDER --------------------------------------
+
+def _worker_main(folder: str) -> None:
+    import torch
+    import torch.distributed as tdist
+
+    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    request = pickle.loads((Path(folder) / "request.pkl").read_bytes())
+    # gloo's own timeout comes after the launcher's, which then reports the hang as such.
+    timeout = datetime.timedelta(seconds=request["timeout"] + 60)
+    torch.set_num_threads(1)  # several workers share few cores
+    port_file = Path(folder) / "port"
+    if rank == 0:
+        store = tdist.TCPStore(HOST, 0, n, True, timeout=timeout, wait_for_workers=False)
+        port_file.with_suffix(".tmp").write_text(str(store.port))
+        port_file.with_suffix(".tmp").rename(port_file)  # appears whole or not at all
+    else:
+        while not port_file.exists():
+            time.sleep(0.01)
+        store = tdist.TCPStore(HOST, int(port_file.read_text()), n, False, timeout=timeout)
+    os.environ["MASTER_PORT"] = str(store.port)
+    backend = backend_for(n, request["backend"])
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    tdist.init_process_group(backend, store=store, rank=rank, world_size=n, timeout=timeout)
+    reply = Path(folder) / f"rank-{rank}.pkl"
+    ok = call_and_reply(lambda: load_target(request["target"])(*request["args"], **request["kwargs"]), reply)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if not ok:
+        os._exit(1)  # the launcher sees it and stops the others
+    # Leave together (a message still in flight to a slower rank is not cut off),
+    # and rank 0, which hosts the store, last.
+    _store_barrier(store, "done", n)
+    if rank == 0:
+        _store_barrier(store, "left", n)
+    else:
+        store.add("left", 1)
+    os._exit(0)  # no interpreter teardown: a worker's stray threads cannot keep it alive
+
+
+def _store_barrier(store, key, n):
+    store.add(key, 1)
+    while store.add(key, 0) < n:
+        time.sleep(0.005)
+
+
+if __name__ == "__main__":
+    _worker_main(sys.argv[1])

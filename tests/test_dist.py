@@ -1,0 +1,91 @@
+"""course.dist runs functions on N torch.distributed processes and never outlives
+its timeout; one rank's error ends the job and is the one reported."""
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from autograder.sandbox import Limits, run_call
+from course import dist
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(autouse=True)
+def _importable_fixtures(monkeypatch):
+    monkeypatch.syspath_prepend(str(FIXTURES))
+
+
+def test_every_rank_joins_one_group_on_its_own_port():
+    first = dist.run("dist_algos:rank_sum", 4, 1.0).check()
+    second = dist.run("dist_algos:rank_sum", 2, 0.0).check()
+    assert [r[:3] for r in first.results] == [(10.0, 4, "gloo")] * 4
+    assert [r[:3] for r in second.results] == [(1.0, 2, "gloo")] * 2
+    assert len({r[3] for r in first.results}) == 1  # one rendezvous per job
+
+
+def test_jobs_at_the_same_time_do_not_collide():
+    jobs = [None] * 3
+    threads = [threading.Thread(target=lambda i=i: jobs.__setitem__(i, dist.run("dist_algos:rank_sum", 2, i)))
+               for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [job.check().results[0][0] for job in jobs] == [1.0, 3.0, 5.0]
+
+
+def test_point_to_point_around_a_ring():
+    assert dist.run(f"{FIXTURES / 'dist_algos.py'}:ring_pass", 3).check().results == [2, 0, 1]
+
+
+def test_a_hung_collective_is_stopped_at_the_timeout_with_nothing_left(our_processes):
+    running = []  # what our_processes() sees mid-job: the check below is not vacuous
+    spy = threading.Timer(3.0, lambda: running.extend(our_processes()))
+    spy.start()
+    start = time.monotonic()
+    job = dist.run("dist_algos:unmatched_collective", 3, timeout=6)
+    spy.join()
+    assert len(running) >= 3, running
+    assert job.status == "timeout" and 6 <= time.monotonic() - start < 15
+    assert "likely deadlock" in job.explain() and "[0, 1, 2]" in job.explain()
+    with pytest.raises(dist.DistJobError, match="collective that not every rank calls"):
+        job.check()
+    time.sleep(0.5)
+    assert our_processes() == []
+
+
+def test_the_rank_that_raised_first_is_reported_and_the_job_ends_at_once():
+    job = dist.run("dist_algos:rank_one_raises", 3, timeout=60)
+    assert job.status == "raised" and job.duration_s < 30
+    assert job.explain().startswith("rank 1 of 3 raised ValueError: bad rank (at dist_algos.py")
+
+
+def test_a_stub_reads_as_not_implemented():
+    with pytest.raises(NotImplementedError, match="not implemented yet: stub"):
+        dist.run("dist_algos:stub", 2).check()
+
+
+def test_functions_from_main_are_refused_with_advice():
+    def local():
+        return 0
+    with pytest.raises(ValueError, match="Put it in a .py module"):
+        dist.run(local, 2)
+
+
+@pytest.mark.parametrize("launcher_timeout, sandbox_timeout", [(4, 40), (60, 6)],
+                         ids=["launcher stops it", "sandbox stops it"])
+def test_a_hang_inside_the_sandbox_leaves_no_process(tmp_path, launcher_timeout, sandbox_timeout, our_processes):
+    (tmp_path / "job.py").write_text(
+        "from course import dist\n\n"
+        f"def go():\n    return dist.run('dist_algos:unmatched_collective', 3, timeout={launcher_timeout}).check()\n")
+    (tmp_path / "dist_algos.py").write_text((FIXTURES / "dist_algos.py").read_text())
+    request = {"submission": str(tmp_path), "target": {"kind": "module", "module": "job", "func": "go"},
+               "args": [], "kwargs": {}}
+    outcome = run_call(request, Limits(timeout_s=sandbox_timeout, memory_mb=4096))
+    assert outcome.status == "timeout", outcome
+    if launcher_timeout < sandbox_timeout:
+        assert "likely deadlock" in outcome.message
+    time.sleep(0.5)
+    assert our_processes() == []
