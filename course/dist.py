@@ -117,7 +117,9 @@ def device():
 def init(backend: str = "auto", timeout: float = 600):
     """Join the default process group from torchrun's environment variables
     (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); a no-op when already joined.
-    For scripts run with ``torchrun``; ``run`` does this for its workers."""
+    For scripts run with ``torchrun``, which end with
+    ``torch.distributed.destroy_process_group()`` (without it gloo may abort the
+    process as it exits); ``run`` does all this for its workers."""
     import torch
     import torch.distributed as tdist
 

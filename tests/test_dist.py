@@ -1,5 +1,8 @@
 """course.dist runs functions on N torch.distributed processes and never outlives
 its timeout; one rank's error ends the job and is the one reported."""
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -10,6 +13,7 @@ from autograder.sandbox import Limits, run_call
 from course import dist
 
 FIXTURES = Path(__file__).parent / "fixtures"
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -89,3 +93,17 @@ def test_a_hang_inside_the_sandbox_leaves_no_process(tmp_path, launcher_timeout,
         assert "likely deadlock" in outcome.message
     time.sleep(0.5)
     assert our_processes() == []
+
+
+def test_the_same_function_runs_under_torchrun(tmp_path):
+    """What a multi-GPU node runs: torchrun starts the processes, course.dist.init() joins them."""
+    script = tmp_path / "train.py"
+    script.write_text("import os\nimport torch\nfrom course import dist\nimport dist_algos\n\n"
+                      "dist.init()\nresult = dist_algos.rank_sum(1.0)[:3]\n"
+                      f"open(os.path.join({str(tmp_path)!r}, 'rank' + os.environ['RANK']), 'w').write(repr(result))\n"
+                      "torch.distributed.destroy_process_group()\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(FIXTURES), str(REPO)]), OMP_NUM_THREADS="1")
+    proc = subprocess.run([str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", "2",
+                           str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["(3.0, 2, 'gloo')"] * 2
