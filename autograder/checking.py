@@ -74,3 +74,52 @@ def unstubbed(kernel):
     if stub:
         raise NotImplementedError(stub.group(2))
     return kernel
+
+
+def run_cases(start_job, cases, ranks, merge, *, stem=str, name=str, explain=None, after_hang=None) -> dict:
+    """``{name(case): outcome}`` for every case, on ``ranks`` processes, in as few jobs as it can.
+
+    Starting processes (MPI ranks, torch workers) is the slow part on a small
+    machine, so one job runs many cases. ``start_job(pending, folder)`` starts
+    it (``course.mpi.run`` or ``course.dist.run``) and returns the job; each
+    rank takes the pending cases in order and writes
+    ``folder/<stem(case)>.<rank>.pkl`` as soon as it is done with one.
+    ``merge(records)`` turns the ranks' records of a case into its outcome.
+
+    When a job ends early, the first case that some rank did not finish is the
+    one that hung or raised: it gets the job's status and ``explain(job)``, and
+    the cases after it run again in a new job. ``after_hang(case, pending)``
+    lists pending cases not worth running once ``case`` hung (each hang costs
+    a whole timeout); they are reported as not run.
+    """
+    import pickle
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    explain = explain or (lambda job: job.explain())
+    outcomes, pending = {}, list(cases)
+    while pending:
+        folder = tempfile.mkdtemp(prefix="k2c-cases-")
+        try:
+            job = start_job(pending, folder)
+            rest = []
+            for case in pending:
+                files = [Path(folder) / f"{stem(case)}.{rank}.pkl" for rank in range(ranks)]
+                if all(f.exists() for f in files):
+                    outcomes[name(case)] = merge([pickle.loads(f.read_bytes()) for f in files])
+                else:
+                    rest.append(case)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        if not rest:
+            break
+        failed, pending = rest[0], rest[1:]
+        status = job.status if job.status in ("timeout", "raised", "not_implemented") else "crashed"
+        outcomes[name(failed)] = {"status": status, "message": explain(job)}
+        if status == "timeout" and after_hang:
+            skipped = after_hang(failed, pending)
+            for case in skipped:
+                outcomes[name(case)] = {"status": "timeout", "message": f"not run: {name(failed)} hung first"}
+            pending = [case for case in pending if case not in skipped]
+    return outcomes

@@ -20,12 +20,11 @@ import ast
 import importlib.util
 import pickle
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from autograder.checking import run_cases
 from course import mpi
 from course.mpi_audit import COLLECTIVES, AuditComm, rounds, totals
 
@@ -156,25 +155,8 @@ def collective_job(p, names=ALGORITHMS):
             outcomes[name] = {"status": "refused", "message": "; ".join(found)}
         else:
             pending.append(name)
-    while pending:
-        folder = tempfile.mkdtemp(prefix="k2c-06-")
-        try:
-            job = mpi.run(f"{__file__}:rank_side", p, pending, folder, timeout=JOB_TIMEOUT_S)
-            rest = []
-            for name in pending:
-                files = [Path(folder) / f"{name}.{r}.pkl" for r in range(p)]
-                if all(f.exists() for f in files):
-                    outcomes[name] = _merge([pickle.loads(f.read_bytes()) for f in files])
-                else:
-                    rest.append(name)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-        if not rest:
-            break
-        # The first algorithm that did not finish everywhere is the one that hung or raised.
-        status = job.status if job.status in ("timeout", "raised") else "crashed"
-        outcomes[rest[0]] = {"status": status, "message": _one_line(job.explain())}
-        pending = rest[1:]
+    start = lambda names, folder: mpi.run(f"{__file__}:rank_side", p, names, folder, timeout=JOB_TIMEOUT_S)
+    outcomes.update(run_cases(start, pending, p, _merge, explain=lambda job: _one_line(job.explain())))
     return outcomes
 
 

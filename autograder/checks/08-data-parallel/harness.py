@@ -44,12 +44,11 @@ import contextlib
 import functools
 import inspect
 import pickle
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from autograder.checking import run_cases
 from course import dist
 
 SEED = 808
@@ -238,34 +237,16 @@ def rank_side(cases, folder):
 
 def ddp_job(world, timeout=JOB_TIMEOUT_S):
     """{case name: {"status": ..., per-rank records or a message}} for ``world`` processes."""
-    outcomes = {}
-    pending = list(enumerate(CASES))
-    while pending:
-        folder = tempfile.mkdtemp(prefix="k2c-08-")
-        try:
-            job = dist.run(f"{__file__}:rank_side", world, pending, folder, timeout=timeout, backend="gloo")
-            rest = []
-            for index, (kind, cap) in pending:
-                files = [Path(folder) / f"{index}.{r}.pkl" for r in range(world)]
-                if all(f.exists() for f in files):
-                    outcomes[case_name(kind, cap)] = _merge([pickle.loads(f.read_bytes()) for f in files])
-                else:
-                    rest.append((index, (kind, cap)))
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-        if not rest:
-            break
-        # The first case that did not finish everywhere is the one that hung or raised.
-        status = job.status if job.status in ("timeout", "raised", "not_implemented") else "crashed"
-        failed = case_name(*rest[0][1])
-        outcomes[failed] = {"status": status, "message": job.explain()}
-        pending = rest[1:]
-        if status == "timeout":  # the cases on the same wrapper would most likely hang as long: skip them
-            same = [c for c in pending if (c[1][0] == "naive") == (rest[0][1][0] == "naive")]
-            for _, (kind, cap) in same:
-                outcomes[case_name(kind, cap)] = {"status": "timeout", "message": f"not run: {failed} hung first"}
-            pending = [c for c in pending if c not in same]
-    return outcomes
+    start = lambda pending, folder: dist.run(f"{__file__}:rank_side", world, pending, folder, timeout=timeout,
+                                             backend="gloo")
+    return run_cases(start, list(enumerate(CASES)), world, _merge, stem=lambda case: case[0],
+                     name=lambda case: case_name(*case[1]), after_hang=_same_wrapper)
+
+
+def _same_wrapper(hung, pending):
+    """The cases on the wrapper class that hung: they would most likely hang as long."""
+    naive = hung[1][0] == "naive"
+    return [case for case in pending if (case[1][0] == "naive") == naive]
 
 
 def _merge(records):

@@ -31,11 +31,10 @@ rank before any collective) is recorded and skipped within the job.
 import gc
 import math
 import pickle
-import shutil
-import tempfile
 import weakref
 from pathlib import Path
 
+from autograder.checking import run_cases
 from course import dist as launcher
 
 DIMS = (6, 22, 10, 22, 13, 3)  # Linear sizes 154, 230, 242, 299, 42 parameters: 967 in all
@@ -291,25 +290,7 @@ def _merge(records):
 
 def training_job(n, names=CASES):
     """{case: outcome} for ``n`` ranks; see the module docstring."""
-    outcomes, pending = {}, list(names)
-    while pending:
-        folder = tempfile.mkdtemp(prefix="k2c-09-")
-        try:
-            # gloo on both tiers: the model is tiny and its tensors live on the CPU.
-            job = launcher.run(f"{__file__}:rank_side", n, pending, n, folder, timeout=JOB_TIMEOUT_S, backend="gloo")
-            rest = []
-            for name in pending:
-                files = [Path(folder) / f"{name}.{r}.pkl" for r in range(n)]
-                if all(f.exists() for f in files):
-                    outcomes[name] = _merge([pickle.loads(f.read_bytes()) for f in files])
-                else:
-                    rest.append(name)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-        if not rest:
-            break
-        # The first case that did not finish everywhere is the one that hung or raised.
-        status = job.status if job.status in ("timeout", "raised") else "crashed"
-        outcomes[rest[0]] = {"status": status, "message": job.explain()}
-        pending = rest[1:]
-    return outcomes
+    # gloo on both tiers: the model is tiny and its tensors live on the CPU.
+    start = lambda pending, folder: launcher.run(f"{__file__}:rank_side", n, pending, n, folder,
+                                                 timeout=JOB_TIMEOUT_S, backend="gloo")
+    return run_cases(start, names, n, _merge)
