@@ -77,12 +77,12 @@ def test_a_deadlock_costs_its_case_only_and_leaves_no_process(make_submission, o
         "        world = dist.get_world_size(self.group)\n        if dist.get_rank() == 1:\n"
         "            dist.recv(torch.zeros(1), src=0)  # a message rank 0 never sends\n"
         "        for param in self.module.parameters():\n")])
-    outcome, elapsed = _ddp_job(folder, job_timeout=12)  # the cases after the hang run again under it too
+    outcome, elapsed = _ddp_job(folder, job_timeout=20)  # the rerun after the hang gets 20 s too: room for a busy machine
     assert outcome.status == "ok", outcome
     naive = outcome.value["naive"]
     assert naive["status"] == "timeout" and "likely deadlock" in naive["message"], naive
     assert all(v["status"] == "ok" for k, v in outcome.value.items() if k != "naive"), outcome.value
-    assert 12 <= elapsed < 60
+    assert 20 <= elapsed < 90
     time.sleep(0.5)
     assert our_processes() == []
 
