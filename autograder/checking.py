@@ -82,8 +82,8 @@ def run_cases(start_job, cases, ranks, merge, *, stem=str, name=str, explain=Non
     Starting processes (MPI ranks, torch workers) is the slow part on a small
     machine, so one job runs many cases. ``start_job(pending, folder)`` starts
     it (``course.mpi.run`` or ``course.dist.run``) and returns the job; each
-    rank takes the pending cases in order and writes
-    ``folder/<stem(case)>.<rank>.pkl`` as soon as it is done with one.
+    rank takes the pending cases in order and saves its record of each with
+    ``save_record(folder, stem(case), rank, record)`` as soon as it is done.
     ``merge(records)`` turns the ranks' records of a case into its outcome.
 
     When a job ends early, the first case that some rank did not finish is the
@@ -123,3 +123,14 @@ def run_cases(start_job, cases, ranks, merge, *, stem=str, name=str, explain=Non
                 outcomes[name(case)] = {"status": "timeout", "message": f"not run: {name(failed)} hung first"}
             pending = [case for case in pending if case not in skipped]
     return outcomes
+
+
+def save_record(folder, stem, rank, record) -> None:
+    """A rank's record of one case, for ``run_cases``: written whole or not at
+    all (a job stopped at its timeout may kill the rank at any moment)."""
+    import pickle
+    from pathlib import Path
+
+    path = Path(folder) / f"{stem}.{rank}.pkl"
+    path.with_suffix(".tmp").write_bytes(pickle.dumps(record))
+    path.with_suffix(".tmp").rename(path)

@@ -18,13 +18,12 @@ longest chain of communication steps (``course.mpi_audit.rounds``).
 """
 import ast
 import importlib.util
-import pickle
 import re
 from pathlib import Path
 
 import numpy as np
 
-from autograder.checking import run_cases
+from autograder.checking import run_cases, save_record
 from course import mpi
 from course.mpi_audit import COLLECTIVES, AuditComm, rounds, totals
 
@@ -126,7 +125,7 @@ def rank_side(comm, names, folder):
         except NotImplementedError as exc:  # a stub raises on every rank before sending anything
             record = {"status": "not_implemented", "message": str(exc)}
         dup.Free()
-        (Path(folder) / f"{name}.{rank}.pkl").write_bytes(pickle.dumps(record))
+        save_record(folder, name, rank, record)
     return None
 
 

@@ -43,12 +43,10 @@ itself (no other processes needed). What comes back is plain data.
 import contextlib
 import functools
 import inspect
-import pickle
-from pathlib import Path
 
 import numpy as np
 
-from autograder.checking import run_cases
+from autograder.checking import run_cases, save_record
 from course import dist
 
 SEED = 808
@@ -231,7 +229,7 @@ def rank_side(cases, folder):
             record.update(status="not_implemented", message=str(exc))
         tdist.barrier()  # no case's stray message can reach the next one
         EVENTS.clear()
-        (Path(folder) / f"{index}.{rank}.pkl").write_bytes(pickle.dumps(record))
+        save_record(folder, index, rank, record)
     return None
 
 

@@ -30,11 +30,9 @@ rank before any collective) is recorded and skipped within the job.
 """
 import gc
 import math
-import pickle
 import weakref
-from pathlib import Path
 
-from autograder.checking import run_cases
+from autograder.checking import run_cases, save_record
 from course import dist as launcher
 
 DIMS = (6, 22, 10, 22, 13, 3)  # Linear sizes 154, 230, 242, 299, 42 parameters: 967 in all
@@ -172,8 +170,19 @@ class GatherWatch:
         self.alive = {}  # id of a gathered output still alive -> its bytes
 
     def __enter__(self):
+        import torch
+
         def watched(output_tensor, input_tensor, *args, **kwargs):
-            result = self.original(output_tensor, input_tensor, *args, **kwargs)
+            asynchronous = kwargs.get("async_op", args[1] if len(args) > 1 else False)  # (group, async_op)
+            if asynchronous:  # a prefetch: the output is the student's to wait on
+                result = self.original(output_tensor, input_tensor, *args, **kwargs)
+            else:
+                # Gather into a buffer of our own, then copy: c10d may keep a reference to the tensor
+                # it gathered into until its worker thread lets go, and that timing is not the student's.
+                scratch = torch.empty_like(output_tensor)
+                result = self.original(scratch, input_tensor, *args, **kwargs)
+                output_tensor.copy_(scratch)
+                del scratch
             nbytes = output_tensor.numel() * output_tensor.element_size()
             self.calls += 1
             self.total += nbytes
@@ -272,7 +281,7 @@ def rank_side(names, n_expected, folder):
         except NotImplementedError as exc:  # a stub raises on every rank before any collective
             record = {"status": "not_implemented", "message": str(exc)}
         tdist.barrier()  # the next case starts together
-        (Path(folder) / f"{name}.{rank}.pkl").write_bytes(pickle.dumps(record))
+        save_record(folder, name, rank, record)
     return None
 
 
