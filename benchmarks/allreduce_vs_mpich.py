@@ -14,9 +14,6 @@ the same ratio from each algorithm's fastest call: with more ranks than cores
 ever adds time.
 """
 import argparse
-import datetime
-import os
-import platform
 import sys
 from pathlib import Path
 
@@ -24,7 +21,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "solutions" / "06-collectives"
-OUTPUT = ROOT / "docs" / "benchmarks" / "allreduce.md"
 
 
 def _repeats(nbytes):
@@ -72,6 +68,7 @@ def table(rows):
 
 
 def main():
+    import report  # benchmarks/report.py, beside this script
     from course import mpi
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -85,21 +82,12 @@ def main():
     rows = job.results[0]
     import mpi4py
 
-    cores = os.cpu_count()
-    where = (f"{args.ranks} ranks on {cores} cores{' (oversubscribed)' if args.ranks > cores else ''}, "
-             f"{platform.processor() or platform.machine()}, mpi4py {mpi4py.__version__}, "
+    where = (f"{report.machine(args.ranks)}, mpi4py {mpi4py.__version__}, "
              f"MPI: {_mpi_library()}; float32 sum; median of 10-50 calls, slowest rank per call; "
              "ring and MPICH alternate call by call in one job")
     text = table(rows)
-    print(where)
-    print(text)
-    if not args.no_write:
-        OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-        OUTPUT.write_text(  # a fragment that docs/benchmarks.md includes (conf.py excludes the folder)
-            "<!-- written by benchmarks/allreduce_vs_mpich.py; rerun it to refresh -->\n"
-            f"Reference ring allreduce (lab 06) against MPICH's `Allreduce`, measured "
-            f"{datetime.date.today().isoformat()}: {where}.\n\n{text}\n")
-        print(f"wrote {OUTPUT.relative_to(ROOT)}")
+    report.publish(__file__, "allreduce.md", "Reference ring allreduce (lab 06) against MPICH's `Allreduce`",
+                   where, text, write=not args.no_write)
 
 
 def _mpi_library():

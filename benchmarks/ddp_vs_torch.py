@@ -14,16 +14,12 @@ than cores (and other work on the machine) the medians are noisy, and
 interference only ever adds time.
 """
 import argparse
-import datetime
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "solutions" / "08-data-parallel"
-OUTPUT = ROOT / "docs" / "benchmarks" / "ddp.md"
 
 
 def make_model(width, depth):
@@ -91,6 +87,7 @@ def table(rows):
 
 
 def main():
+    import report  # benchmarks/report.py, beside this script
     import torch
 
     from course import dist
@@ -110,22 +107,13 @@ def main():
         result = job.check().results[0]
         assert result["gap"] < 1e-4, f"the reference and torch's DDP disagree by {result['gap']}"
         rows.append((f"MLP {depth} x {width}", result))
-    cores = os.cpu_count()
-    where = (f"{args.ranks} processes on {cores} cores{' (oversubscribed)' if args.ranks > cores else ''}, "
-             f"{platform.processor() or platform.machine()}, torch {torch.__version__}, gloo on loopback; "
+    where = (f"{report.machine(args.ranks)}, torch {torch.__version__}, gloo on loopback; "
              f"float32 MLP, {args.batch} samples per rank, bucket cap {args.bucket_mib:g} MiB for both; "
              f"median of {args.steps} steps after 3 warm-up steps, slowest rank per step; "
              "the two wrappers alternate step by step in one job")
     text = table(rows)
-    print(where)
-    print(text)
-    if not args.no_write:
-        OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-        OUTPUT.write_text(  # a fragment that docs/benchmarks.md includes (conf.py excludes the folder)
-            "<!-- written by benchmarks/ddp_vs_torch.py; rerun it to refresh -->\n"
-            f"Reference `BucketedDDP` (lab 08) against torch's `DistributedDataParallel`, measured "
-            f"{datetime.date.today().isoformat()}: {where}.\n\n{text}\n")
-        print(f"wrote {OUTPUT.relative_to(ROOT)}")
+    report.publish(__file__, "ddp.md", "Reference `BucketedDDP` (lab 08) against torch's `DistributedDataParallel`",
+                   where, text, write=not args.no_write)
 
 
 if __name__ == "__main__":
