@@ -242,6 +242,16 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+def test_this_module_runs_in_one_worker(request):
+    """Under `pytest -n --dist loadgroup` (make test) the site is built once, in one
+    worker; a pytest-xdist that ignores xdist_group (pytest-xdist#1386, with pytest
+    9.2) would silently build it once per worker, minutes each."""
+    if not getattr(request.config.option, "loadgroup", False):
+        pytest.skip("not a pytest-xdist worker under --dist loadgroup")
+    assert request.node.nodeid.endswith("@docs-site"), (
+        f"{request.node.nodeid}: pytest-xdist did not apply xdist_group; see the pytest pin in pyproject.toml")
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     chromium = find_chromium()
