@@ -275,3 +275,137 @@ def plot_stream_timeline(spans, ax=None, title: str | None = None):
     if title:
         ax.set_title(title, fontsize=9)
     return ax
+
+
+# --- tensor parallelism (module 10): who holds which block -------------------------------------------
+
+WHOLE_COLOUR = "#eeeeee"  # a tensor every rank holds whole
+_SUBSCRIPTS = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
+
+
+def _sub(r: int) -> str:
+    return str(r).translate(_SUBSCRIPTS)
+
+
+def _matrix(ax, x, y, w, h, t, split, name, note=""):
+    """A matrix as a ``w``×``h`` box at (x, y), cut into ``t`` blocks along
+    ``split`` ("cols", "rows", or None: whole on every rank), each block coloured
+    by the rank that holds it and labelled ``name`` with the rank's subscript."""
+    if split is None:
+        ax.add_patch(Rectangle((x, y), w, h, facecolor=WHOLE_COLOUR, edgecolor="black", lw=1.2))
+        ax.text(x + w / 2, y + h / 2, name, ha="center", va="center", fontsize=9)
+    for r in range(t if split else 0):
+        bx, by, bw, bh = ((x + r * w / t, y, w / t, h) if split == "cols" else
+                          (x, y + h - (r + 1) * h / t, w, h / t))
+        ax.add_patch(Rectangle((bx, by), bw, bh, facecolor=_block_colour(r), edgecolor="black", lw=0.8))
+        ax.text(bx + bw / 2, by + bh / 2, f"{name}{_sub(r)}", ha="center", va="center", fontsize=8)
+    if note:
+        ax.text(x + w / 2, y - 0.15, note, ha="center", va="top", fontsize=7)
+
+
+def _finish(ax, title):
+    ax.set_aspect("equal")
+    ax.autoscale_view()
+    ax.axis("off")
+    ax.set_title(title, fontsize=8)
+    return ax
+
+
+def draw_tp_linear(kind: str, t: int = 2, ax=None):
+    """A linear layer Y = X·A split over ``t`` ranks, Megatron style (A is
+    ``nn.Linear``'s weight transposed), each block coloured by its rank.
+
+    ``kind="column"``: A is cut into column blocks; every rank holds the whole
+    X (f copies it in) and computes its column block Y_r = X·A_r — no
+    communication. ``kind="row"``: X and A are cut to match (X's columns,
+    A's rows); rank r computes a full-size partial sum X_r·A_r and g
+    all-reduces the partials into Y.
+    """
+    if kind not in ("column", "row"):
+        raise ValueError(f"kind must be 'column' or 'row', got {kind!r}")
+    ax = _new_axes(ax, (7, 2.4))
+    if kind == "column":
+        _matrix(ax, 0, 0, 1.5, 2, t, None, "X", "[sb, h]\nwhole on every rank")
+        ax.text(1.85, 1, "·", fontsize=16, ha="center", va="center")
+        _matrix(ax, 2.2, 0, 4, 2, t, "cols", "A", "[h, 4h]: column blocks")
+        ax.text(6.6, 1, "=", fontsize=14, ha="center", va="center")
+        _matrix(ax, 7, 0, 4, 2, t, "cols", "Y", "[sb, 4h]: rank r holds Y_r = X·A_r")
+        return _finish(ax, f"column-parallel linear, t = {t}: no communication in forward "
+                           "(f before it all-reduces ∂L/∂X in backward)")
+    _matrix(ax, 0, 0, 4, 2, t, "cols", "X", "[sb, 4h]: column blocks")
+    ax.text(4.35, 1, "·", fontsize=16, ha="center", va="center")
+    _matrix(ax, 4.7, -1, 1.5, 4, t, "rows", "A", "[4h, h]: row blocks")
+    ax.text(6.6, 1, "=", fontsize=14, ha="center", va="center")
+    for r in reversed(range(t)):  # the partial sums, one full-size [sb, h] on each rank, fanned out
+        ax.add_patch(Rectangle((7 + 0.18 * r, 0.18 * r), 1.5, 2, facecolor=_block_colour(r), edgecolor="black", lw=0.8))
+    ax.text(7.75, 1, "X₀A₀" if t == 1 else "partial\nX_r·A_r", ha="center", va="center", fontsize=8)
+    ax.text(7.75 + 0.09 * t, -0.15, "[sb, h] on each rank", ha="center", va="top", fontsize=7)
+    ax.annotate("", (10.6, 1), (8.8 + 0.18 * t, 1), arrowprops=dict(arrowstyle="->", lw=1.2))
+    ax.text(9.7 + 0.09 * t, 1.15, "g: all-reduce", ha="center", va="bottom", fontsize=8)
+    _matrix(ax, 10.7, 0, 1.5, 2, t, None, "Y", "Σ_r X_r·A_r\nwhole on every rank")
+    return _finish(ax, f"row-parallel linear, t = {t}: one all-reduce of [sb, h] in forward (g)")
+
+
+def _draw_lanes(ax, t, stages, title):
+    """One lane per rank, left to right through ``stages``: ("whole", label) — a box
+    every rank holds whole; ("shard", label) — a box whose content is rank r's own
+    (``{r}`` in the label becomes the rank's subscript, ``{heads}`` its heads);
+    ("op", name, forward, backward) — a communication operator across all lanes."""
+    x, lane_h, gap = 0.0, 1.0, 0.35
+    top = t * (lane_h + gap) - gap
+    for stage in stages:
+        if stage[0] == "op":
+            _, name, fwd, bwd = stage
+            ax.add_patch(Rectangle((x, -0.1), 0.55, top + 0.2, facecolor="#555555", edgecolor="black"))
+            ax.text(x + 0.275, top / 2, name, ha="center", va="center", fontsize=12, color="white",
+                    fontweight="bold")
+            ax.text(x + 0.275, -0.25, f"fwd: {fwd}\nbwd: {bwd}", ha="center", va="top", fontsize=6.5)
+            x += 0.85
+            continue
+        kind, label = stage
+        for r in range(t):
+            y = (t - 1 - r) * (lane_h + gap)
+            face = WHOLE_COLOUR if kind == "whole" else _block_colour(r)
+            ax.add_patch(Rectangle((x, y), 2.1, lane_h, facecolor=face, edgecolor="black", lw=0.8))
+            ax.text(x + 1.05, y + lane_h / 2, label(r) if callable(label) else label,
+                    ha="center", va="center", fontsize=7)
+        x += 2.4
+    for r in range(t):
+        ax.text(-0.2, (t - 1 - r) * (lane_h + gap) + lane_h / 2, f"rank {r}", ha="right", va="center", fontsize=8)
+    return _finish(ax, title)
+
+
+
+def draw_tp_mlp(t: int = 2, ax=None):
+    """The Megatron MLP on ``t`` ranks: column-parallel A (rank r: Y_r = GeLU(X·A_r),
+    a block of the hidden 4h), then row-parallel B (a partial sum Y_r·B_r of the
+    whole output), so the only communication is f before and g after."""
+    ax = _new_axes(ax, (9, 0.9 * t + 1.2))
+    stages = [("whole", "X  [sb, h]"), ("op", "f", "identity", "all-reduce"),
+              ("shard", lambda r: f"Y{_sub(r)} = GeLU(X·A{_sub(r)})\n[sb, 4h/t]"),
+              ("shard", lambda r: f"Z{_sub(r)} = Y{_sub(r)}·B{_sub(r)}\npartial, [sb, h]"),
+              ("op", "g", "all-reduce", "identity"), ("whole", "Z = Σ_r Z_r  [sb, h]")]
+    return _draw_lanes(ax, t, stages, f"parallel MLP, t = {t}: column-parallel A, then row-parallel B "
+                                      "— nothing to communicate between them")
+
+
+def draw_tp_attention(t: int = 2, heads: int = 4, ax=None):
+    """Self-attention on ``t`` ranks with the ``heads`` split: rank r computes Q, K
+    and V of its heads (column-parallel), attends within them (heads never look at
+    each other), and multiplies by its rows of the output projection (row-parallel)."""
+    if heads % t:
+        raise ValueError(f"{heads} heads do not split over {t} ranks")
+    ax = _new_axes(ax, (9, 0.9 * t + 1.2))
+    per = heads // t
+
+    def own(r):
+        first = r * per
+        return f"heads {first}" if per == 1 else f"heads {first}–{first + per - 1}"
+
+    stages = [("whole", "X  [sb, h]"), ("op", "f", "identity", "all-reduce"),
+              ("shard", lambda r: f"Q, K, V of {own(r)}\n[sb, 3h/t]"),
+              ("shard", lambda r: f"softmax(QKᵀ/√d)·V\n{own(r)}: [sb, h/t]"),
+              ("shard", lambda r: f"·B{_sub(r)} (rows of W_O)\npartial, [sb, h]"),
+              ("op", "g", "all-reduce", "identity"), ("whole", "out = Σ_r  [sb, h]")]
+    return _draw_lanes(ax, t, stages, f"parallel self-attention, t = {t}, {heads} heads: "
+                                      f"{per} head{'s' if per > 1 else ''} per rank")
