@@ -1,0 +1,147 @@
+"""Lab 11's grader: its own dependency checker, simulator, schedules and brute-force
+partition are right (checked by hand and against the closed forms), and an
+executor that deadlocks costs its case only, within the timeout, with no
+process left behind."""
+import importlib.util
+import math
+import random
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from autograder.sandbox import Limits, run_call
+
+REPO = Path(__file__).resolve().parents[1]
+LAB = "11-pipeline-parallel"
+CHECKS = REPO / "autograder" / "checks" / LAB
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+with warnings.catch_warnings():  # its points marker is registered by the grader's plugin, not here
+    warnings.simplefilter("ignore")
+    checks = _load("check_pipeline_11", CHECKS / "check_pipeline.py")
+
+# 1F1B on 2 devices, 2 microbatches, written out by hand.
+HAND_1F1B = [[("F", 0, 0), ("F", 1, 0), ("B", 0, 0), ("B", 1, 0)],
+             [("F", 0, 1), ("B", 0, 1), ("F", 1, 1), ("B", 1, 1)]]
+
+
+def test_validate_accepts_a_hand_written_1f1b():
+    assert checks.validate(HAND_1F1B, 2, 2) is None
+    assert checks.make_schedule(2, 2, "1f1b") == HAND_1F1B
+
+
+def test_validate_reports_a_deadlock_with_what_each_device_waits_for():
+    # Device 0 puts B(1) before F(1) and B(0); device 1 then waits for F(1), which device 0 never runs.
+    stuck = [[("F", 0, 0), ("B", 1, 0), ("F", 1, 0), ("B", 0, 0)],
+             [("F", 0, 1), ("B", 0, 1), ("F", 1, 1), ("B", 1, 1)]]
+    assert checks.validate(stuck, 2, 2) == (
+        "deadlock: device 0 waits for F(microbatch 1, stage 0) and B(microbatch 1, stage 1) before its "
+        "B(microbatch 1, stage 0) "
+        "while device 1 waits for F(microbatch 1, stage 0) before its F(microbatch 1, stage 1)")
+    with pytest.raises(RuntimeError, match="deadlock"):
+        checks.simulate(stuck, 1, 2)
+
+
+@pytest.mark.parametrize("schedule, message", [
+    ([HAND_1F1B[0], HAND_1F1B[1][:-1]], "1 ops are never run, e.g. B(microbatch 1, stage 1)"),
+    ([HAND_1F1B[0] + [("F", 0, 0)], HAND_1F1B[1]], "F(microbatch 0, stage 0) is run twice (on devices 0 and 0)"),
+    ([HAND_1F1B[1], HAND_1F1B[0]], "F(microbatch 0, stage 1) is on device 0, but stage 1 lives on device 1"),
+    ([[("X", 0, 0)], []], "device 0 has ('X', 0, 0), which is not an op"),
+])
+def test_validate_reports_missing_repeated_misplaced_and_malformed_ops(schedule, message):
+    assert checks.validate(schedule, 2, 2).startswith(message)
+
+
+def test_simulator_gpipe_by_hand():
+    # p = 2, m = 2, t_f = 1, t_b = 2: device 1 runs F0 F1 then B0 B1; device 0's B0 waits for device 1's.
+    gpipe = checks.make_schedule(2, 2, "gpipe")
+    got = checks.simulate(gpipe, 1, 2)
+    assert got["timing"] == {("F", 0, 0): (0, 0, 1), ("F", 1, 0): (0, 1, 2), ("F", 0, 1): (1, 1, 2),
+                             ("F", 1, 1): (1, 2, 3), ("B", 0, 1): (1, 3, 5), ("B", 1, 1): (1, 5, 7),
+                             ("B", 0, 0): (0, 5, 7), ("B", 1, 0): (0, 7, 9)}
+    assert got["makespan"] == 9 == (2 + 2 - 1) * (1 + 2)
+    assert got["bubble"] == pytest.approx(1 - 12 / 18) == pytest.approx(1 / 3)
+    assert got["peak_in_flight"] == [2, 2]
+    # t_comm = 0.5 on every hop between devices
+    late = checks.simulate(gpipe, 1, 2, 0.5)["timing"]
+    assert late[("F", 0, 1)] == (1, 1.5, 2.5) and late[("F", 1, 1)] == (1, 2.5, 3.5)
+    assert late[("B", 0, 0)] == (0, 6.0, 8.0) and late[("B", 1, 0)] == (0, 8.0, 10.0)
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+def test_closed_forms_hold_for_the_checks_schedules(kind):
+    for p in range(1, 6):
+        for m in range(1, 10):
+            schedule = checks.make_schedule(p, m, kind)
+            assert checks.validate(schedule, p, m) is None
+            for t_f, t_b in ((1, 2), (1, 1), (3, 1), (2, 5)):
+                got = checks.simulate(schedule, t_f, t_b)
+                makespan, bubble = checks.closed_form(p, m, t_f, t_b)
+                assert got["makespan"] == makespan and math.isclose(got["bubble"], bubble, abs_tol=1e-12)
+            peak = [min(m, p - i) for i in range(p)] if kind == "1f1b" else [m] * p
+            assert got["peak_in_flight"] == peak
+
+
+def test_interleaved_closed_form_cuts_the_bubble_time_v_fold():
+    for p in range(2, 6):
+        for v in (2, 3, 4):
+            for m in (p, 2 * p, 3 * p):
+                schedule = checks.make_schedule(p, m, "interleaved", v)
+                assert checks.validate(schedule, p, m, v) is None
+                for t_f, t_b in ((1, 2), (1, 1), (3, 1), (1, 3)):
+                    got = checks.simulate(schedule, t_f, t_b)
+                    assert (got["makespan"], got["bubble"]) == pytest.approx(checks.closed_form(p, m, t_f, t_b, v))
+                    # idle time per device: (p - 1)(t_f + t_b) per chunk, i.e. 1/v of 1F1B's with v-times-longer ops
+                    assert got["makespan"] - v * m * (t_f + t_b) == (p - 1) * (t_f + t_b)
+
+
+def test_random_schedules_are_valid():
+    rng = random.Random(0)
+    for _ in range(30):
+        p, v, m = rng.randint(1, 4), rng.randint(1, 3), rng.randint(1, 5)
+        assert checks.validate(checks.random_schedule(rng, p, m, v), p, m, v) is None
+
+
+def test_brute_force_partition_on_tiny_cases():
+    assert checks.brute_force_partition([1, 2, 3], 2) == 3  # [0, 2, 3]: 1+2 | 3
+    assert checks.brute_force_partition([1, 2, 3], 2, [1, 3]) == pytest.approx(5 / 3)  # [0, 1, 3]: 1 | 5/3
+    assert checks.brute_force_partition([1, 1, 1, 1], 2, [3, 1]) == 1  # [0, 3, 4]
+    assert checks.brute_force_partition([4, 1, 1], 3) == 4
+    assert checks.brute_force_partition([7], 1) == 7
+
+
+def test_the_partition_queries_have_a_unique_best_value_to_compare():
+    for costs, p, speeds in checks.PLAIN_PARTITIONS + checks.SPEED_PARTITIONS:
+        assert 1 <= p <= len(costs) and (speeds is None or len(speeds) == p)
+
+
+@pytest.mark.slow
+def test_an_executor_deadlock_costs_its_case_only_and_leaves_no_process(make_submission, our_processes):
+    """Blocking sends: GPipe works, 1F1B hangs (both neighbours send at once)."""
+    folder = make_submission(LAB, "pipeline.py", [
+        ("                sends.append((dist.isend(sent, dst=peer(rank + 1), group=group, tag=mb), sent))\n",
+         "                dist.send(sent, dst=peer(rank + 1), group=group, tag=mb)\n"),
+        ("                sends.append((dist.isend(sent, dst=peer(rank - 1), group=group, tag=mb), sent))\n",
+         "                dist.send(sent, dst=peer(rank - 1), group=group, tag=mb)\n")])
+    request = {"submission": str(folder), "target": {"kind": "harness", "path": str(CHECKS / "harness.py"),
+                                                     "func": "executor_job"},
+               "args": [2, checks.executor_cases(2), 20], "kwargs": {}}
+    start = time.monotonic()
+    outcome = run_call(request, Limits(timeout_s=120, memory_mb=6144))
+    elapsed = time.monotonic() - start
+    assert outcome.status == "ok", outcome
+    assert outcome.value["gpipe"]["status"] == "ok", outcome.value
+    assert outcome.value["1f1b"]["status"] == "timeout", outcome.value
+    assert "likely deadlock" in outcome.value["1f1b"]["message"]
+    assert 20 <= elapsed < 90
+    time.sleep(0.5)
+    assert our_processes() == []
