@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.colors import to_rgb
 from matplotlib.ticker import ScalarFormatter
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "plot_gustafson_vs_amdahl",
     "plot_reduction_dag",
     "plot_gantt",
+    "plot_pipeline",
     "plot_iteration_owners",
 ]
 
@@ -250,6 +252,60 @@ def plot_gantt(tasks: Iterable[tuple[int, float, float, str]], ax: Axes | None =
     ax.set_xlim(0, end)
     ax.set_xlabel("time (steps)")
     ax.grid(axis="x", alpha=0.3)
+    return ax
+
+
+PIPELINE_COLORS = {"F": "C0", "B": "C1"}  # forward blue, backward orange
+
+
+def _shade(color: str, chunk: int, chunks: int) -> tuple[float, float, float]:
+    """``color`` for model chunk ``chunk`` of ``chunks``: the first chunk lightest,
+    the last darkest (the plain colour in the middle); one chunk keeps it plain."""
+    rgb = np.array(to_rgb(color))
+    if chunks == 1:
+        return tuple(rgb)
+    mix = -0.45 + 0.9 * chunk / (chunks - 1)  # -0.45 (towards white) .. 0.45 (towards black)
+    target = np.zeros(3) if mix > 0 else np.ones(3)
+    return tuple(rgb + abs(mix) * (target - rgb))
+
+
+def plot_pipeline(timeline: Iterable[tuple], ax: Axes | None = None, title: str | None = None) -> Axes:
+    """A pipeline schedule's timeline as a Gantt chart: one row per device.
+
+    ``timeline`` holds ``(device, kind, microbatch, stage, start, end)`` tuples:
+    ``kind`` is ``"F"`` (forward, blue) or ``"B"`` (backward, orange), ``stage``
+    the model stage ``0 .. p*v - 1`` that ran (it lives on device ``stage % p``).
+    With interleaving (``v > 1`` model chunks per device) chunk ``stage // p``
+    picks a lighter (first chunk) or darker (last) shade of the kind's colour.
+    The microbatch number is written on each bar; the bubbles are the gaps.
+    Device 0 is drawn on top.
+    """
+    ops = list(timeline)
+    if not ops:
+        raise ValueError("no operations to draw: the timeline is empty")
+    for op in ops:
+        if len(op) != 6 or op[1] not in PIPELINE_COLORS:
+            raise ValueError(f"expected (device, 'F' or 'B', microbatch, stage, start, end), got {op!r}")
+    devices = sorted({op[0] for op in ops})
+    p = max(devices) + 1
+    chunks = max(op[3] for op in ops) // p + 1
+    ax = _axes(ax, figsize=(8, 0.8 + 0.45 * len(devices)))
+    end = max(op[5] for op in ops)
+    for device, kind, microbatch, stage, start, stop in ops:
+        ax.barh(device, stop - start, left=start, height=0.7, edgecolor="black", linewidth=0.5,
+                color=_shade(PIPELINE_COLORS[kind], stage // p, chunks))
+        ax.text((start + stop) / 2, device, str(microbatch), ha="center", va="center", fontsize=7,
+                clip_on=True)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=PIPELINE_COLORS[k], label=name)
+               for k, name in (("F", "forward"), ("B", "backward"))]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
+    ax.set_yticks(devices, [f"device {d}" for d in devices])
+    ax.set_ylim(max(devices) + 0.6, min(devices) - 0.6)
+    ax.set_xlim(0, end)
+    ax.set_xlabel("time")
+    ax.grid(axis="x", alpha=0.3)
+    if title is not None:
+        ax.set_title(title)
     return ax
 
 

@@ -1,0 +1,254 @@
+"""What lecture 11 runs: pipeline schedules on paper and for real.
+
+Two halves. The first is plain Python: build a schedule (the order of forward
+and backward ops on every device), run it on paper with an event simulator,
+and cut a model's layers into balanced stages. The second runs on the ranks of
+``course.dist.run`` (each rank is a new Python process, so it lives in a module,
+not in the notebook): a small executor that sends activations forward and
+gradients backward with ``torch.distributed`` point-to-point messages.
+
+Formats (the same as lab 11's):
+
+- an op is ``(kind, microbatch, stage)``, kind ``"F"`` or ``"B"``; model stage
+  ``s`` of ``p * v`` lives on device ``s % p``;
+- a schedule is a list of ``p`` lists, the ops of each device in order;
+- ``F(mb, s)`` needs ``F(mb, s-1)``; ``B(mb, s)`` needs ``F(mb, s)`` and
+  ``B(mb, s+1)``;
+- a timeline is a list of ``(device, kind, microbatch, stage, start, end)``.
+"""
+import functools
+import itertools
+import time
+
+import torch
+import torch.distributed as dist
+
+# --- 1. schedules ---------------------------------------------------------------------------------
+
+
+def schedule(p, m, kind, v=1):
+    """The ops of ``m`` microbatches on ``p`` devices, one list per device.
+
+    ``gpipe``: all forwards, then all backwards. ``1f1b``: device ``d`` runs
+    ``p - d - 1`` forwards to fill the pipe, then one forward and one backward
+    in turn, then the backwards left. ``interleaved``: Megatron's 1F1B over
+    ``v`` chunks per device (device ``d`` holds stages ``d, d + p, ...``);
+    microbatches go through the chunks in groups of ``p`` (``m % p == 0``).
+    """
+    plan = []
+    for d in range(p):
+        if kind == "gpipe":
+            plan.append([("F", mb, d) for mb in range(m)] + [("B", mb, d) for mb in range(m)])
+            continue
+        if kind == "1f1b":
+            fwd = [("F", mb, d) for mb in range(m)]
+            bwd = [("B", mb, d) for mb in range(m)]
+            warmup = min(p - d - 1, m)
+        elif kind == "interleaved":
+            assert m % p == 0, "the interleaved schedule runs microbatches in groups of p"
+            # The k-th forward of a device: group k // (p v), chunk (k // p) % v.
+            mbs = [(k // (p * v)) * p + k % p for k in range(m * v)]
+            fwd = [("F", mbs[k], ((k // p) % v) * p + d) for k in range(m * v)]
+            bwd = [("B", mbs[k], (v - 1 - (k // p) % v) * p + d) for k in range(m * v)]
+            warmup = min(2 * (p - d - 1) + (v - 1) * p, m * v)
+        else:
+            raise ValueError(f"unknown schedule {kind!r}")
+        steady = list(itertools.chain.from_iterable(zip(fwd[warmup:], bwd)))
+        plan.append(fwd[:warmup] + steady + bwd[len(fwd) - warmup:])
+    return plan
+
+
+def needs(op, stages):
+    """The ops ``op`` must wait for."""
+    kind, mb, s = op
+    if kind == "F":
+        return [("F", mb, s - 1)] if s > 0 else []
+    return [("F", mb, s)] + ([("B", mb, s + 1)] if s < stages - 1 else [])
+
+
+def simulate(plan, t_f, t_b, t_comm=0.0):
+    """Run ``plan`` on paper: each device runs its ops in order, each as soon as
+    the device is free and what it needs has ended (``t_comm`` later if that
+    ran on another device). ``t_f``/``t_b`` are one op's time, or a list with
+    one per stage. Returns the timeline, the makespan, the bubble (idle time /
+    (p * makespan)) and each device's peak of microbatches in flight (F done,
+    B not yet)."""
+    p = len(plan)
+    stages = 1 + max(s for ops in plan for _, _, s in ops)
+    t_f = t_f if isinstance(t_f, (list, tuple)) else [t_f] * stages
+    t_b = t_b if isinstance(t_b, (list, tuple)) else [t_b] * stages
+    done, nxt, free, timeline = {}, [0] * p, [0.0] * p, []
+    while any(nxt[d] < len(plan[d]) for d in range(p)):
+        ran = False
+        for d in range(p):
+            while nxt[d] < len(plan[d]) and all(n in done for n in needs(plan[d][nxt[d]], stages)):
+                op = plan[d][nxt[d]]
+                ready = [done[n] + (t_comm if n[2] % p != d else 0.0) for n in needs(op, stages)]
+                start = max([free[d], *ready])
+                free[d] = done[op] = start + (t_f if op[0] == "F" else t_b)[op[2]]
+                timeline.append((d, op[0], op[1], op[2], start, free[d]))
+                nxt[d] += 1
+                ran = True
+        if not ran:
+            raise RuntimeError(f"deadlock: next ops {[plan[d][nxt[d]] for d in range(p) if nxt[d] < len(plan[d])]}")
+    makespan = max(end for *_, end in timeline)
+    busy = sum(end - start for *_, start, end in timeline)
+    return {"timeline": timeline, "makespan": makespan, "bubble": 1 - busy / (p * makespan),
+            "peak_in_flight": [in_flight_peak(ops) for ops in plan]}
+
+
+def in_flight_peak(ops):
+    """The most (microbatch, stage) activations a device holds: +1 per F, -1 per B."""
+    held = peak = 0
+    for kind, _, _ in ops:
+        held += 1 if kind == "F" else -1
+        peak = max(peak, held)
+    return peak
+
+
+# --- 2. balanced partitioning ---------------------------------------------------------------------
+
+
+def stage_times(costs, bounds, speeds=None):
+    """Seconds of each stage: the layers ``costs[bounds[i]:bounds[i+1]]`` on a device of ``speeds[i]``."""
+    speeds = speeds or [1.0] * (len(bounds) - 1)
+    return [sum(costs[a:b]) / speed for a, b, speed in zip(bounds, bounds[1:], speeds)]
+
+
+def partition(costs, p, speeds=None):
+    """Cut ``costs`` into ``p`` contiguous non-empty stages (stage ``i`` on a device
+    of speed ``speeds[i]``) so that the slowest stage is fastest. Dynamic
+    programming over "the first ``k`` devices take layers ``0 .. i``"."""
+    n, speeds = len(costs), speeds or [1.0] * p
+    prefix = list(itertools.accumulate(costs, initial=0))
+
+    @functools.lru_cache(maxsize=None)
+    def best(k, i):  # (bottleneck, boundaries) for layers [0, i) on devices [0, k)
+        if k == 1:
+            return prefix[i] / speeds[0], (0, i)
+        options = []
+        for j in range(k - 1, i):  # the last device takes layers j .. i-1
+            head, cuts = best(k - 1, j)
+            options.append((max(head, (prefix[i] - prefix[j]) / speeds[k - 1]), cuts + (i,)))
+        return min(options)
+
+    return list(best(p, n)[1])
+
+
+def brute_force_partition(costs, p, speeds=None):
+    """Every way to cut: the ``C(n-1, p-1)`` choices of ``p-1`` cut points."""
+    n = len(costs)
+    cuts = ([0, *c, n] for c in itertools.combinations(range(1, n), p - 1))
+    return min(cuts, key=lambda b: max(stage_times(costs, b, speeds)))
+
+
+def equal_count(n, p):
+    """The naive cut: the same number of layers per stage."""
+    return [round(i * n / p) for i in range(p + 1)]
+
+
+# --- 3. a real pipeline over send/recv (runs on every rank) ---------------------------------------
+
+
+def mlp(stages, width, seed=0):
+    """A model of ``stages`` blocks (Linear + Tanh), float64; block ``s`` is pipeline stage ``s``."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh())
+                                 for _ in range(stages)]).double()
+
+
+def batch(samples, width, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(samples, width, generator=gen, dtype=torch.float64),
+            torch.randn(samples, width, generator=gen, dtype=torch.float64))
+
+
+def _tag(kind, mb, stage, stages):
+    """A message's tag: which op receives it (unique per op)."""
+    return 2 * (mb * stages + stage) + (kind == "B")
+
+
+def execute(blocks, ops, x_mbs, y_mbs, p, stages, clock=None):
+    """Run this rank's ``ops`` for real. ``blocks[s]`` is model stage ``s`` (only
+    this rank's stages are used). F: receive the input from the device of stage
+    ``s-1`` (stage 0 reads the microbatch), run the block, send the output to
+    the device of stage ``s+1``; the last stage computes the loss instead,
+    divided by ``m`` so that the accumulated gradient is the whole batch's.
+    B: receive the output's gradient (the last stage starts from the loss),
+    backpropagate, send the input's gradient back. Sends are ``isend`` (never
+    block: two neighbours may send to each other at once); receives block.
+    Returns the peak count of stored activations and, with ``clock``, the
+    timeline of this rank's ops (each from the end of its receive to the end
+    of its sends: waiting for a message shows as a gap)."""
+    rank, m = dist.get_rank(), len(x_mbs)
+    saved, pending, timeline, peak = {}, [], [], 0
+    for kind, mb, s in ops:
+        if kind == "F":
+            if s == 0:
+                x = x_mbs[mb]
+            else:
+                x = torch.empty_like(x_mbs[mb])
+                dist.recv(x, src=(s - 1) % p, tag=_tag("F", mb, s, stages))
+                x.requires_grad_()
+            start = clock() if clock else 0.0  # the wait for the message is idle time, not work
+            out = blocks[s](x)
+            if s == stages - 1:
+                out = torch.nn.functional.mse_loss(out, y_mbs[mb]) / m
+            else:
+                sent = out.detach()
+                pending.append((dist.isend(sent, dst=(s + 1) % p, tag=_tag("F", mb, s + 1, stages)), sent))
+            saved[mb, s] = (x, out)  # what backward needs: this microbatch's activations
+            peak = max(peak, len(saved))
+        else:
+            x, out = saved.pop((mb, s))
+            if s == stages - 1:
+                start = clock() if clock else 0.0
+                out.backward()
+            else:
+                grad = torch.empty_like(out)
+                dist.recv(grad, src=(s + 1) % p, tag=_tag("B", mb, s, stages))
+                start = clock() if clock else 0.0
+                out.backward(grad)
+            if s > 0:
+                pending.append((dist.isend(x.grad, dst=(s - 1) % p, tag=_tag("B", mb, s - 1, stages)), x.grad))
+        if clock:
+            timeline.append((rank, kind, mb, s, start, clock()))
+    for work, _ in pending:
+        work.wait()
+    return peak, timeline
+
+
+def warm_up_links(p):
+    """Gloo opens a connection between two ranks at their first message, which
+    takes far longer than a message: open every link the schedules use first."""
+    rank, token = dist.get_rank(), torch.zeros(1)
+    for step in (1, -1):
+        work = dist.isend(token, dst=(rank + step) % p)
+        dist.recv(torch.empty(1), src=(rank - step) % p)
+        work.wait()
+
+
+def pipeline_vs_single(kinds=("gpipe", "1f1b", "interleaved"), m=8, samples_per_mb=32, width=256, v=2):
+    """On every rank: run each schedule once (one training step's gradients) and
+    compare this rank's gradients with one process running the whole model on
+    the whole batch. Returns per schedule the largest gradient difference, the
+    peak of stored activations and the measured timeline (ms)."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    warm_up_links(p)
+    results = {}
+    for kind in kinds:
+        chunks = v if kind == "interleaved" else 1
+        stages = p * chunks
+        model, single = mlp(stages, width), mlp(stages, width)
+        x, y = batch(m * samples_per_mb, width)
+        torch.nn.functional.mse_loss(single(x), y).backward()  # the oracle: no pipeline at all
+        ops = schedule(p, m, kind, chunks)[rank]
+        dist.barrier()
+        t0 = time.perf_counter()
+        peak, timeline = execute(list(model), ops, x.chunk(m), y.chunk(m), p, stages,
+                                 clock=lambda: (time.perf_counter() - t0) * 1e3)
+        mine = [s for s in range(stages) if s % p == rank]
+        gap = max(float((a.grad - b.grad).abs().max())
+                  for s in mine for a, b in zip(model[s].parameters(), single[s].parameters()))
+        results[kind] = {"gap": gap, "peak": peak, "timeline": timeline}
+    return results
