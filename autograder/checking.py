@@ -125,6 +125,20 @@ def run_cases(start_job, cases, ranks, merge, *, stem=str, name=str, explain=Non
     return outcomes
 
 
+def first_failure(records):
+    """The first rank record of a case that is not ``ok``, as ``{"status", "message"}``;
+    None when every rank's is ok. The head of a ``merge`` for ``run_cases``."""
+    for record in records:
+        if record["status"] != "ok":
+            return {"status": record["status"], "message": record["message"]}
+    return None
+
+
+def rank_records(records) -> dict:
+    """The plainest ``merge`` for ``run_cases``: the first failure, else every rank's record."""
+    return first_failure(records) or {"status": "ok", "ranks": records}
+
+
 def save_record(folder, stem, rank, record) -> None:
     """A rank's record of one case, for ``run_cases``: written whole or not at
     all (a job stopped at its timeout may kill the rank at any moment)."""

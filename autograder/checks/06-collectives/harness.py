@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from autograder.checking import run_cases, save_record
+from autograder.checking import first_failure, run_cases, save_record
 from course import mpi
 from course.mpi_audit import COLLECTIVES, AuditComm, rounds, totals
 
@@ -131,9 +131,10 @@ def rank_side(comm, names, folder):
 
 def _merge(records):
     """One record per rank -> one per algorithm: cases with per-rank lists."""
+    failure = first_failure(records)
+    if failure:
+        return failure
     first = records[0]
-    if first["status"] != "ok":
-        return {"status": first["status"], "message": first["message"]}
     merged = []
     for k, case in enumerate(first["cases"]):
         per_rank = [r["cases"][k] for r in records]

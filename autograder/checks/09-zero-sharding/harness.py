@@ -32,7 +32,7 @@ import gc
 import math
 import weakref
 
-from autograder.checking import run_cases, save_record
+from autograder.checking import first_failure, run_cases, save_record
 from course import dist as launcher
 
 DIMS = (6, 22, 10, 22, 13, 3)  # Linear sizes 154, 230, 242, 299, 42 parameters: 967 in all
@@ -287,9 +287,10 @@ def rank_side(names, n_expected, folder):
 
 def _merge(records):
     """One record per rank -> one per case: per-rank lists of what differs between ranks."""
+    failure = first_failure(records)
+    if failure:
+        return failure
     first = records[0]
-    if first["status"] != "ok":
-        return {"status": first["status"], "message": first["message"]}
     merged = {"status": "ok", "oracle": first["oracle"], "layout": first["layout"]}
     for key in first:
         if key not in ("status", "oracle", "layout"):

@@ -31,7 +31,7 @@ import contextlib
 import functools
 import inspect
 
-from autograder.checking import run_cases, save_record
+from autograder.checking import rank_records, run_cases, save_record
 from course import dist as launcher
 
 SEED = 2026
@@ -489,17 +489,9 @@ def rank_side(names, t_expected, folder):
     return None
 
 
-def _merge(records):
-    """One record per rank -> one per case: the first rank's failure, or every rank's record."""
-    for record in records:
-        if record["status"] != "ok":
-            return {"status": record["status"], "message": record["message"]}
-    return {"status": "ok", "ranks": records}
-
-
 def cases_job(t, names=CASES):
     """{case: outcome} for ``t`` ranks; see the module docstring."""
     # gloo on both tiers: the model is tiny and its tensors live on the CPU.
     start = lambda pending, folder: launcher.run(f"{__file__}:rank_side", t, list(pending), t, folder,  # noqa: E731
                                                  timeout=JOB_TIMEOUT_S, backend="gloo")
-    return run_cases(start, names, t, _merge)
+    return run_cases(start, names, t, rank_records)

@@ -22,7 +22,7 @@ done, so after a hang the files say which case it was; the cases after it are
 not run (they use the same code and would hang as long), see
 ``autograder.checking.run_cases``.
 """
-from autograder.checking import run_cases, save_record
+from autograder.checking import rank_records, run_cases, save_record
 from course import dist as launcher
 
 DIMS = (5, 8, 8, 8, 8, 8, 8, 8, 3)  # 8 Linear layers; every stage boundary carries width 8
@@ -208,17 +208,10 @@ def rank_side(cases, folder):
     return None
 
 
-def _merge(records):
-    first = records[0]
-    if first["status"] != "ok":
-        return {"status": first["status"], "message": first["message"]}
-    return {"status": "ok", "ranks": records}
-
-
 def executor_job(n, cases, timeout=JOB_TIMEOUT_S):
     """{case name: {"status": ..., "ranks": per-rank records, or "message"}} on ``n`` ranks."""
     # gloo on both tiers: the model is tiny and its tensors live on the CPU.
     start = lambda pending, folder: launcher.run(f"{__file__}:rank_side", n, pending, folder, timeout=timeout,
                                                  backend="gloo")
-    return run_cases(start, cases, n, _merge, stem=lambda case: case[0], name=lambda case: case[0],
+    return run_cases(start, cases, n, rank_records, stem=lambda case: case[0], name=lambda case: case[0],
                      after_hang=lambda hung, pending: list(pending))
