@@ -1,24 +1,13 @@
 """Module 07's pieces: the models of ``course.models`` and the grader's tracer of saved tensors."""
 import copy
-import importlib.util
 
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import load_check_file
 from course.models import GPTBlock, GPTConfig, TinyGPT, TinyMLP
 
-CHECKS = REPO / "autograder" / "checks" / "07-training-memory"
-
-
-def _harness():
-    spec = importlib.util.spec_from_file_location("lab07_harness", CHECKS / "harness.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-harness = _harness()
+harness = load_check_file("07-training-memory", "harness")
 
 
 @pytest.mark.parametrize("config", [GPTConfig(), GPTConfig(vocab=50, seq=16, hidden=48, heads=6, layers=3),

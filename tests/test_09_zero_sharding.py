@@ -1,29 +1,17 @@
 """Lab 09's grading pieces: the byte counts the harness measures, and the
 paper's numbers the checks hold, are right on their own before they judge
 anyone's code."""
-import importlib.util
 import math
-import warnings
 import weakref
-from pathlib import Path
 
 import pytest
 
+from conftest import load_check_file
+
 torch = pytest.importorskip("torch")
 
-CHECKS = Path(__file__).resolve().parents[1] / "autograder" / "checks" / "09-zero-sharding"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(f"lab09_{name}", CHECKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    with warnings.catch_warnings():  # the grader registers the checks' points(n) mark; plain pytest does not
-        warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
-        spec.loader.exec_module(module)
-    return module
-
-
-harness, checks = _load("harness"), _load("check_zero_sharding")
+LAB = "09-zero-sharding"
+harness, checks = load_check_file(LAB, "harness"), load_check_file(LAB, "check_zero_sharding")
 
 
 def test_storage_bytes_counts_each_storage_once_and_a_view_as_its_whole_buffer():

@@ -1,31 +1,19 @@
 """Lab 10's grading pieces on one process: the collective recorder, the loader
 that copies a rank's slice of a dense model into a student's module, and the
 full-weight detector are right on their own before they judge anyone's code."""
-import importlib.util
 import inspect
 import types
-import warnings
-from pathlib import Path
 
 import pytest
+
+from conftest import load_check_file
 
 torch = pytest.importorskip("torch")
 import torch.distributed as tdist  # noqa: E402
 from torch import nn  # noqa: E402
 
-CHECKS = Path(__file__).resolve().parents[1] / "autograder" / "checks" / "10-tensor-parallel"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(f"lab10_{name}", CHECKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    with warnings.catch_warnings():  # the grader registers the checks' points(n) mark; plain pytest does not
-        warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
-        spec.loader.exec_module(module)
-    return module
-
-
-harness, checks = _load("harness"), _load("check_tensor_parallel")
+LAB = "10-tensor-parallel"
+harness, checks = load_check_file(LAB, "harness"), load_check_file(LAB, "check_tensor_parallel")
 
 
 # --- the collective recorder --------------------------------------------------------------------
