@@ -31,6 +31,26 @@ class SubmissionTimeout(SubmissionError):
     status = "timeout"
 
 
+def not_implemented_yet(message: str) -> NotImplementedYet:
+    """The error a stub's ``NotImplementedError`` becomes in a check: its message,
+    starting "not implemented yet"."""
+    text = message if message.startswith("not implemented yet") else f"not implemented yet: {message}"
+    return NotImplementedYet(text, Outcome("not_implemented", message=text))
+
+
+def failure_from(outcome: dict, where: str) -> SubmissionError:
+    """The error to raise for a harness's outcome ``{"status", "message"}`` that
+    is not ok (``where`` names the case, e.g. "ring_allreduce on 4 ranks"): a
+    stub's ``NotImplementedYet``, a hang's ``SubmissionTimeout``, else a
+    ``SubmissionError``."""
+    status, message = outcome["status"], outcome.get("message", "")
+    if status == "not_implemented":
+        return not_implemented_yet(message)
+    if status == "timeout":
+        return SubmissionTimeout(f"{where}: {message}", Outcome("timeout", message=message))
+    return SubmissionError(f"{where}: {message}", Outcome(status, message=message))
+
+
 def _shorten(text: str, lines: int = 6, chars: int = 600) -> str:
     kept = text.strip().splitlines()[:lines]
     text = "\n".join(kept)

@@ -137,3 +137,21 @@ def test_syntax_error_is_reported_per_check(tmp_path):
     report, _ = grade_json(tmp_path, "02", "-k", "launch_config or relu_guard")
     assert [t["status"] for t in report["tests"]] == ["error", "error"]
     assert all("SyntaxError" in t["feedback"] and "cuda_basics.py, line 1" in t["feedback"] for t in report["tests"])
+
+
+@pytest.mark.parametrize("outcome, kind, status, text", [
+    ({"status": "not_implemented", "message": "ring: send to the right"}, "NotImplementedYet", "not_implemented",
+     "not implemented yet: ring: send to the right"),
+    ({"status": "not_implemented", "message": "not implemented yet: f"}, "NotImplementedYet", "not_implemented",
+     "not implemented yet: f"),
+    ({"status": "timeout", "message": "stopped after 30 s: likely deadlock"}, "SubmissionTimeout", "timeout",
+     "ring on 4 ranks: stopped after 30 s: likely deadlock"),
+    ({"status": "raised", "message": "rank 1: ValueError: bad"}, "SubmissionError", "raised",
+     "ring on 4 ranks: rank 1: ValueError: bad"),
+])
+def test_a_failed_harness_outcome_becomes_the_error_a_student_reads(outcome, kind, status, text):
+    from autograder.submission import failure_from
+
+    error = failure_from(outcome, "ring on 4 ranks")
+    assert type(error).__name__ == kind and error.outcome.status == status
+    assert str(error) == text

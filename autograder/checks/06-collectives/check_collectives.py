@@ -19,8 +19,7 @@ import numpy as np
 import pytest
 
 from autograder.checking import expect_array
-from autograder.sandbox import Outcome
-from autograder.submission import NotImplementedYet, SubmissionError, SubmissionTimeout
+from autograder.submission import failure_from
 
 PS = (2, 3, 4, 5, 8)
 POWERS_OF_TWO, OTHER_PS = (2, 4, 8), (3, 5)
@@ -41,16 +40,11 @@ def _cases(submission, name, ps=PS):
         status, message = outcome["status"], outcome.get("message", "")
         if status == "ok":
             found[p] = outcome["cases"]
-        elif status == "not_implemented":
-            text = message if message.startswith("not implemented yet") else f"not implemented yet: {message}"
-            raise NotImplementedYet(text, Outcome("not_implemented", message=text))
         elif status == "refused":
             raise AssertionError(f"{name} is refused: {message}. Build it from Send/Recv/Sendrecv on the "
                                  "communicator passed in")
-        elif status == "timeout":
-            raise SubmissionTimeout(f"{name} on {p} ranks: {message}", Outcome("timeout", message=message))
         else:
-            raise SubmissionError(f"{name} on {p} ranks: {message}", Outcome(status, message=message))
+            raise failure_from(outcome, f"{name} on {p} ranks")
     return found
 
 

@@ -31,7 +31,7 @@ hardware.
 import pytest
 
 from autograder.sandbox import Outcome
-from autograder.submission import NotImplementedYet, SubmissionError
+from autograder.submission import SubmissionError, not_implemented_yet
 
 PRECISIONS = ("fp32", "mixed")
 OPTIMIZERS = ("adam", "sgd", "sgd_momentum")
@@ -69,8 +69,7 @@ def _unwrap(attempt, what):
         return attempt["value"]
     message = attempt["message"]
     if attempt["status"] == "not_implemented":
-        text = message if message.startswith("not implemented yet") else f"not implemented yet: {message}"
-        raise NotImplementedYet(text, Outcome("not_implemented", message=text))
+        raise not_implemented_yet(message)
     raise SubmissionError(f"{what} raised {message}", Outcome("raised", message=message))
 
 

@@ -25,8 +25,7 @@ this lab has no GPU part.
 import numpy as np
 import pytest
 
-from autograder.sandbox import Outcome
-from autograder.submission import NotImplementedYet, SubmissionError, SubmissionTimeout
+from autograder.submission import failure_from
 
 WORLDS = (2, 4)
 STEPS = 3
@@ -44,16 +43,6 @@ def _job(submission, world):
     return submission.harness_once(("ddp_job", world), "ddp_job", world)
 
 
-def _raise_for(outcome, what):
-    status, message = outcome["status"], outcome.get("message", "")
-    if status == "not_implemented":
-        text = message if message.startswith("not implemented yet") else f"not implemented yet: {message}"
-        raise NotImplementedYet(text, Outcome("not_implemented", message=text))
-    if status == "timeout":
-        raise SubmissionTimeout(f"{what}: {message}", Outcome("timeout", message=message))
-    raise SubmissionError(f"{what}: {message}", Outcome(status, message=message))
-
-
 def _cases(submission, names, need="steps"):
     """[(world, name, outcome)] for each world size and case; raises when a case
     has not measured ``need`` (a stub, a hang, an error)."""
@@ -62,7 +51,7 @@ def _cases(submission, names, need="steps"):
         for name in names:
             outcome = _job(submission, world)[name]
             if not all(need in r for r in outcome.get("ranks", [{}])):
-                _raise_for(outcome, f"{name} on {world} processes")
+                raise failure_from(outcome, f"{name} on {world} processes")
             found.append((world, name, outcome))
     return found
 

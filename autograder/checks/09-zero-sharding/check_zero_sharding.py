@@ -24,8 +24,7 @@ import numpy as np
 import pytest
 
 from autograder.checking import expect_array
-from autograder.sandbox import Outcome
-from autograder.submission import NotImplementedYet, SubmissionError, SubmissionTimeout
+from autograder.submission import failure_from, not_implemented_yet
 
 WORLD_SIZES = (2, 4)
 GB = 1e9
@@ -71,9 +70,7 @@ def _answers(submission, name):
     """What the submission's ``name`` (zero_bytes or flatten_padded) gave for every query, in order."""
     got = submission.harness_once("formulas", "formulas", _queries())[name]
     if isinstance(got, dict):  # still a stub
-        text = got["not_implemented"]
-        text = text if text.startswith("not implemented yet") else f"not implemented yet: {text}"
-        raise NotImplementedYet(text, Outcome("not_implemented", message=text))
+        raise not_implemented_yet(got["not_implemented"])
     return got
 
 
@@ -139,16 +136,9 @@ def _case(submission, name):
     found = {}
     for n in WORLD_SIZES:
         outcome = submission.harness_once(("training_job", n), "training_job", n)[name]
-        status, message = outcome["status"], outcome.get("message", "")
-        if status == "ok":
-            found[n] = outcome
-        elif status == "not_implemented":
-            text = message if message.startswith("not implemented yet") else f"not implemented yet: {message}"
-            raise NotImplementedYet(text, Outcome("not_implemented", message=text))
-        elif status == "timeout":
-            raise SubmissionTimeout(f"{name} on {n} ranks: {message}", Outcome("timeout", message=message))
-        else:
-            raise SubmissionError(f"{name} on {n} ranks: {message}", Outcome(status, message=message))
+        if outcome["status"] != "ok":
+            raise failure_from(outcome, f"{name} on {n} ranks")
+        found[n] = outcome
     return found
 
 
