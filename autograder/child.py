@@ -16,6 +16,7 @@ import threading
 import traceback
 
 from autograder import codec
+from autograder.reaper import drop_privileges
 
 
 def _load(target: dict, submission: str):
@@ -60,6 +61,7 @@ def run(request: dict) -> dict:
 
 
 def main() -> None:
+    drop_privileges(os.environ.pop("K2C_RUN_AS", ""))  # before anything of the student's is read
     result_fd = int(os.environ.pop("K2C_RESULT_FD"))
     request = codec.decode(sys.stdin.buffer.read())
     sys.stdin.close()

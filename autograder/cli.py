@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -13,6 +14,27 @@ def _progress(result) -> None:
     # Checks run with sys.stderr captured; progress goes to the real terminal.
     sys.__stderr__.write(mark)
     sys.__stderr__.flush()
+
+
+def write_results(path: str, text: str) -> None:
+    """Write the report whole or not at all: a temporary file beside it, then a rename.
+    It runs after every call into the submission has ended with all its processes,
+    and no sandboxed process can reach this folder, so nothing rewrites it later."""
+    import tempfile
+
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _default_submission() -> Path:
@@ -27,8 +49,7 @@ def cmd_grade(args) -> int:
         return _grade(args)
     except UsageError as exc:
         if args.output:  # a results file always exists, and says why grading failed
-            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.output).write_text(report.failure(args.format, str(exc)))
+            write_results(args.output, report.failure(args.format, str(exc)))
         raise
 
 
@@ -49,8 +70,7 @@ def _grade(args) -> int:
         results.append(result)
     rendered = report.render(results, args.format)
     if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(rendered)
+        write_results(args.output, rendered)
         if args.format != "text":
             sys.stdout.write(report.render(results, "text"))
     else:

@@ -58,11 +58,27 @@ def _extra(module: str) -> str:
     return ""
 
 
+def _isolation() -> str:
+    """Which isolation layer grading gets here, and how to get a stronger one."""
+    from autograder import isolation
+
+    try:
+        found = isolation.detect()
+    except RuntimeError as exc:
+        return f"Isolation: none works here ({exc})"
+    line = f"Isolation: {found.layer.value}: {found.describe()}"
+    if found.layer is not isolation.Layer.BUBBLEWRAP:
+        line += ("\n  for namespaces (no network, read-only files, nothing outlives a call): install bubblewrap "
+                 "(Debian/Ubuntu: apt-get install bubblewrap), or grade in a container that allows it")
+    return line
+
+
 def report() -> tuple[str, bool]:
     """The doctor's text, and whether everything the CPU tier needs is present."""
     lines = [f"Python {platform.python_version()} ({sys.executable})",
              f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores",
              describe_gpu(),
+             _isolation(),
              ""]
     healthy = True
     for dist, module, purpose, hint in PACKAGES:

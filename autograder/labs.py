@@ -1,6 +1,7 @@
 """Where the labs are: one folder of checks per lab, ``autograder/checks/NN-slug``."""
 from __future__ import annotations
 
+import hashlib
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,13 @@ class Lab:
     @property
     def checks_dir(self) -> Path:
         return CHECKS_ROOT / self.slug
+
+    def checks_digest(self) -> str:
+        """sha256 over the names and bytes of the lab's check files: which checks graded."""
+        digest = hashlib.sha256()
+        for path in sorted(p for p in self.checks_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+            digest.update(path.relative_to(self.checks_dir).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+        return digest.hexdigest()
 
 
 def all_labs() -> list[Lab]:

@@ -14,11 +14,16 @@ def _pts(x: float) -> str:
     return f"{x:g}"
 
 
+def _isolation(r: LabResult) -> str:
+    return f"{r.isolation.get('layer', '?')}, as {r.isolation.get('user', '?')}"
+
+
 def text(results: list[LabResult]) -> str:
     lines = []
     for r in results:
         lines.append(f"Lab {r.lab} — {r.title}")
         lines.append(f"  {r.tier.upper()} tier · submission {r.submission}")
+        lines.append(f"  isolation: {_isolation(r)} · checks sha256 {r.checks_digest[:12]}")
         lines.append(f"  {'points':>7}  {'status':<8} check")
         for c in r.checks:
             pts = "-" if c.status == "skipped" else f"{_pts(c.points)}/{_pts(c.max_points)}"
@@ -43,6 +48,7 @@ def _lab_json(r: LabResult) -> dict:
     return {
         "lab": r.lab, "title": r.title, "tier": r.tier, "submission": r.submission,
         "score": r.score, "max_score": r.max_score, "duration_s": round(r.duration_s, 3),
+        "isolation": r.isolation, "checks_sha256": r.checks_digest,
         "tests": [{"name": c.name, "title": c.title, "points": c.points, "max_points": c.max_points,
                    "status": c.status, "feedback": c.feedback, "duration_s": round(c.duration_s, 3),
                    **({"metrics": c.metrics} if c.metrics else {})}
@@ -69,11 +75,14 @@ def gradescope(results: list[LabResult]) -> str:
                 test["status"] = "passed" if c.status == "passed" else "failed"
             tests.append(test)
     tiers = sorted({r.tier for r in results})
+    layers = sorted({_isolation(r) for r in results})
     return json.dumps({
         "score": sum(r.score for r in results),
         "execution_time": round(sum(r.duration_s for r in results), 1),
-        "output": f"Graded on the {'/'.join(t.upper() for t in tiers)} tier by k2c.",
+        "output": f"Graded on the {'/'.join(t.upper() for t in tiers)} tier by k2c (isolation: {'; '.join(layers)}).",
         "stdout_visibility": "hidden",
+        "extra_data": {"isolation": results[0].isolation if results else {},
+                       "checks_sha256": {r.lab: r.checks_digest for r in results}},
         "tests": tests,
     }, indent=2) + "\n"
 
@@ -86,7 +95,9 @@ def junit(results: list[LabResult]) -> str:
                               errors=str(sum(c.status in ("error", "timeout") for c in r.checks)),
                               skipped=str(sum(c.status == "skipped" for c in r.checks)),
                               time=f"{r.duration_s:.3f}")
-        ET.SubElement(ET.SubElement(suite, "properties"), "property", name="tier", value=r.tier)
+        properties = ET.SubElement(suite, "properties")
+        for name, value in (("tier", r.tier), ("isolation", _isolation(r)), ("checks_sha256", r.checks_digest)):
+            ET.SubElement(properties, "property", name=name, value=value)
         for c in r.checks:
             case = ET.SubElement(suite, "testcase", classname=r.lab, name=c.title, time=f"{c.duration_s:.3f}")
             if c.status == "failed":

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from autograder import isolation
 from autograder.labs import Lab, UsageError, locate_submission
 from autograder.plugin import CheckResult, GradingPlugin
 from autograder.sandbox import Limits
@@ -25,6 +26,8 @@ class LabResult:
     submission: str
     checks: list[CheckResult] = field(default_factory=list)
     duration_s: float = 0.0
+    isolation: dict = field(default_factory=dict)  # autograder.isolation.Isolation.as_dict()
+    checks_digest: str = ""  # sha256 of the lab's check files that graded it
 
     @property
     def score(self) -> float:
@@ -61,8 +64,12 @@ def grade(lab: Lab, submission_root: Path, tier: str, timeout_s: float | None = 
           select: str | None = None, on_result=None) -> LabResult:
     start = time.monotonic()
     folder, missing = locate_submission(lab, submission_root)
+    try:
+        layer = isolation.detect()
+    except RuntimeError as exc:
+        raise UsageError(str(exc)) from None
     limits = Limits(timeout_s=timeout_s or lab.timeout_s, memory_mb=lab.memory_mb,
-                    address_space=(tier == "cpu"))
+                    address_space=(tier == "cpu"), devices=(tier == "gpu"))
     submission = Submission(folder, lab.checks_dir / "harness.py", tier, limits, child_environment(tier))
     plugin = GradingPlugin(submission, tier, missing, on_result)
     args = [str(lab.checks_dir), "-c", os.devnull, "--rootdir", str(lab.checks_dir),
@@ -77,4 +84,5 @@ def grade(lab: Lab, submission_root: Path, tier: str, timeout_s: float | None = 
     if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) and not plugin.results:
         raise UsageError(f"the checks of lab {lab.slug} could not run (pytest exit {int(code)}):\n"
                          + log.getvalue()[-2000:])
-    return LabResult(lab.slug, lab.title, tier, str(folder), plugin.results, time.monotonic() - start)
+    return LabResult(lab.slug, lab.title, tier, str(folder), plugin.results, time.monotonic() - start,
+                     layer.as_dict(), lab.checks_digest())

@@ -1,16 +1,20 @@
-"""Run one call into student code in a child process, under limits.
+"""Run one call into student code in a child process, isolated and under limits.
 
-The child gets its own session and process group, a wall-clock deadline, a
-CPU-time limit and (on the CPU tier) an address-space limit; a watchdog also
-sums the resident memory of the whole group, which catches what a per-process
-limit cannot (several processes, or a GPU run where an address-space limit
-would break the CUDA driver). When the call ends, for whatever reason, every
-process it started is killed, so nothing outlives it.
+The child runs in the strongest isolation layer this machine offers
+(``autograder.isolation``: bubblewrap's namespaces, else a reaping
+supervisor; as ``nobody`` when the grader is root), in a scratch folder of its
+own, on a copy of the submission. It gets a wall-clock deadline, a CPU-time
+limit, a file-size limit and (on the CPU tier) an address-space limit; a
+watchdog also sums the resident memory of every process below it, which catches
+what a per-process limit cannot (several processes, or a GPU run where an
+address-space limit would break the CUDA driver). When the call ends, for
+whatever reason, every process it started is gone before ``run_call`` returns.
 """
 from __future__ import annotations
 
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,10 +23,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from autograder import codec
+from autograder import codec, isolation
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FILE_SIZE_LIMIT = 2**30  # no file the call writes, its printed output included, grows past 1 GiB
+# What a submission's copy leaves out: version control, caches, notebooks' checkpoints.
+_NOT_COPIED = shutil.ignore_patterns(".git", "__pycache__", ".ipynb_checkpoints", ".venv", "*.pyc")
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,7 @@ class Limits:
     timeout_s: float = 60.0
     memory_mb: int | None = 4096  # per group; None: no limit
     address_space: bool = True  # also set RLIMIT_AS (not on a GPU: CUDA reserves huge ranges)
+    devices: bool = False  # the host's /dev inside the sandbox (a GPU tier run needs /dev/nvidia*)
 
 
 @dataclass
@@ -53,6 +60,7 @@ def _limit_child(limits: Limits):
             as_bytes = limits.memory_mb * 2**20
             resource.setrlimit(resource.RLIMIT_AS, (as_bytes, as_bytes))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))
     return apply
 
 
@@ -93,7 +101,20 @@ def _group_rss_mb(pgid: int) -> float:
 
 
 def kill_group(pgid: int) -> None:
-    for pid in _group_members(pgid):
+    """Stop every process of the call, until no new one appears (a stopped process
+    cannot fork), then kill them all: none escapes by forking while we look."""
+    stopped: set[int] = set()
+    while True:
+        fresh = [pid for pid in _group_members(pgid) if pid not in stopped]
+        if not fresh:
+            break
+        for pid in fresh:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except OSError:
+                pass
+        stopped.update(fresh)
+    for pid in stopped:
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
@@ -102,6 +123,21 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except OSError:
         pass
+
+
+def _stage(submission: str, folder: str) -> str:
+    """A copy of the submission that the call's user can read and not change.
+    Links are copied as links, never followed: a link cannot make the grader
+    copy a file the student could not read."""
+    copy = os.path.join(folder, "submission")
+    shutil.copytree(submission, copy, symlinks=True, ignore=_NOT_COPIED)
+    for root, _, files in os.walk(copy):
+        os.chmod(root, 0o755)
+        for name in files:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o755 if os.access(path, os.X_OK) else 0o644)
+    return copy
 
 
 def _tail(path: str, limit: int = 1500) -> str:
@@ -113,23 +149,40 @@ def _tail(path: str, limit: int = 1500) -> str:
     return ("…" + text) if size > limit else text
 
 
+def _signal_of(code: int) -> signal.Signals | None:
+    """The signal that ended the call: bubblewrap and the supervisor report a signal N as 128 + N."""
+    try:
+        return signal.Signals(-code) if code < 0 else signal.Signals(code - 128) if code > 128 else None
+    except ValueError:
+        return None
+
+
 def run_call(request: dict, limits: Limits, env: dict[str, str] | None = None) -> Outcome:
-    """Run ``request`` (see ``autograder.child``) in a fresh sandboxed child."""
+    """Run ``request`` (see ``autograder.child``) in a fresh isolated child."""
+    layer = isolation.detect()
     read_end, write_end = os.pipe()
-    child_env = dict(os.environ)
-    child_env.update(env or {})
-    child_env["K2C_RESULT_FD"] = str(write_end)
-    child_env["PYTHONDONTWRITEBYTECODE"] = "1"
-    # The child must import the grader's own packages even when they are not installed.
-    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, child_env.get("PYTHONPATH")]))
-    with tempfile.TemporaryDirectory(prefix="k2c-sandbox-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="k2c-sandbox-", ignore_cleanup_errors=True) as tmp:
+        os.chmod(tmp, 0o711)  # the call's user passes through to its scratch folder, and sees nothing else here
+        scratch = os.path.join(tmp, "scratch")
+        os.mkdir(scratch, 0o711)
+        if layer.uid is not None:
+            os.chown(scratch, layer.uid, layer.gid)
+        request = dict(request, submission=_stage(request["submission"], tmp))
+        child_env = dict(os.environ)
+        child_env.update(env or {})
+        child_env.update(layer.child_env(scratch))
+        child_env["K2C_RESULT_FD"] = child_env["K2C_PASS_FDS"] = str(write_end)
+        child_env["PYTHONDONTWRITEBYTECODE"] = "1"
+        # The child must import the grader's own packages even when they are not installed.
+        child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [isolation.PACKAGE_ROOT, child_env.get("PYTHONPATH")]))
+        command = layer.command([sys.executable, "-m", "autograder.child"], scratch,
+                                [*isolation.needed_paths(), request["submission"]], limits.devices)
         log = os.path.join(tmp, "output.txt")
         start = time.monotonic()
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "autograder.child"],
-                stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
-                pass_fds=(write_end,), env=child_env, cwd=tmp,
+                command, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+                pass_fds=(write_end,), env=child_env, cwd=scratch,
                 start_new_session=True, preexec_fn=_limit_child(limits),
             )
         os.close(write_end)
@@ -184,10 +237,12 @@ def run_call(request: dict, limits: Limits, env: dict[str, str] | None = None) -
                        where=reply.get("where", []), error_type=reply.get("type", ""),
                        output=output, duration_s=duration)
     code = proc.returncode
-    if code < 0:
-        sig = signal.Signals(-code)
+    sig = _signal_of(code)
+    if sig:
         if sig == signal.SIGXCPU:
             why = "used up its CPU-time limit and was stopped"
+        elif sig == signal.SIGXFSZ:
+            why = f"wrote a file (or printed) more than {FILE_SIZE_LIMIT // 2**20} MiB and was stopped"
         else:
             why = f"crashed with {sig.name}" + (" (a segmentation fault)" if sig == signal.SIGSEGV else "")
         return Outcome("crashed", message=why, output=output, duration_s=duration)

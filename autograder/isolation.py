@@ -1,0 +1,181 @@
+"""How far a call into student code is kept from the grader: the isolation layer.
+
+Two layers, strongest first; the grader takes the first that works on this
+machine (``detect()``, probed once per process) and every report says which.
+
+``bubblewrap`` (Debian's ``bubblewrap``, the sandbox Flatpak is built on)
+  The call runs in new PID, network, IPC and mount namespaces. The whole file
+  system is read-only; ``/tmp`` is the call's own scratch folder; ``/root``,
+  ``/home``, ``/var/tmp`` and ``/dev/shm`` are empty; only the Python
+  installation, the course and a copy of the submission are put back, read-only.
+  The network namespace has loopback only, so MPI ranks and torch workers
+  still talk to each other and nothing else. When the PID namespace's first
+  process ends, the kernel kills every process left in it. The grader's
+  processes are not in the namespace, so they cannot be seen, signalled or
+  traced.
+``subreaper`` (no namespaces: bubblewrap is missing, or the machine refuses it,
+  as unprivileged containers often do)
+  A supervisor (``autograder.reaper``) adopts every orphan the call leaves and
+  kills them all when the call ends. The files and the network are the
+  machine's.
+
+Under either, when the grader runs as root the student's code runs as
+``nobody`` (65534:65534) with no capabilities, so it can write nothing of the
+grader's and signal none of its processes. Run as an ordinary user (a student's
+laptop), it runs as that user: under ``subreaper`` it could then signal the
+grader or write the user's files, and the report says so.
+
+``K2C_ISOLATION=bubblewrap|subreaper`` asks for one layer; the grader refuses
+to run when it does not work here.
+"""
+from __future__ import annotations
+
+import enum
+import functools
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+
+NOBODY = (65534, 65534)
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # holds autograder/ and course/
+# Folders that may hold other people's files (home folders, other runs' scratch):
+# inside bubblewrap they are empty, except for what the call needs put back.
+HIDDEN = ("/tmp", "/var/tmp", "/root", "/home")
+
+
+class Layer(str, enum.Enum):
+    BUBBLEWRAP = "bubblewrap"
+    SUBREAPER = "subreaper"
+
+
+@dataclass(frozen=True)
+class Isolation:
+    layer: Layer
+    uid: int | None  # the student's processes' user; None: the grader's own
+    gid: int | None
+    fallback_reason: str = ""  # why a stronger layer was not used
+
+    @property
+    def user(self) -> str:
+        if self.uid is not None:
+            return f"nobody (uid {self.uid})"
+        return "root without capabilities" if os.geteuid() == 0 else f"the grader's own user (uid {os.geteuid()})"
+
+    @property
+    def summary(self) -> str:
+        """One line for reports: ``bubblewrap, as nobody (uid 65534)``."""
+        return f"{self.layer.value}, as {self.user}"
+
+    def describe(self) -> str:
+        """What this layer does and does not keep from the grader, in a few sentences."""
+        if self.layer is Layer.BUBBLEWRAP:
+            text = ("own PID, network (loopback only) and mount namespaces; read-only file system with a "
+                    f"private /tmp; runs as {self.user}")
+        else:
+            text = (f"no namespaces; a supervisor reaps every process when a call ends; runs as {self.user}; "
+                    "the machine's files and network are reachable")
+            if self.uid is None and os.geteuid() != 0:
+                text += "; student code could signal the grader or write your files: grade untrusted code elsewhere"
+        return text + (f" ({self.fallback_reason})" if self.fallback_reason else "")
+
+    def as_dict(self) -> dict:
+        return {"layer": self.layer.value, "user": self.user, "detail": self.describe()}
+
+    def command(self, inner: list[str], scratch: str, expose: list[str], devices: bool) -> list[str]:
+        """The command line that runs ``inner`` (a Python command) isolated, in ``scratch``."""
+        if self.layer is Layer.SUBREAPER:
+            return [sys.executable, "-m", "autograder.reaper", "--", *inner]
+        args = ["bwrap", "--die-with-parent", "--new-session",
+                "--unshare-pid", "--unshare-net", "--unshare-ipc",
+                "--ro-bind", "/", "/",
+                *(["--dev-bind", "/dev", "/dev"] if devices else ["--dev", "/dev"]),  # GPUs need the host's /dev
+                "--proc", "/proc",
+                "--perms", "1777", "--tmpfs", "/dev/shm"]
+        for folder in HIDDEN:
+            if os.path.isdir(folder) and folder != "/tmp":
+                args += ["--tmpfs", folder]
+        args += ["--bind", scratch, "/tmp"]
+        for path in _put_back(expose):
+            # bubblewrap would make the folders on the way 0700, which nobody cannot pass.
+            hidden = next(h for h in HIDDEN if path.startswith(h + "/"))
+            parts = path[len(hidden) + 1:].split("/")[:-1]
+            for i in range(len(parts)):
+                args += ["--perms", "0755", "--dir", "/".join([hidden, *parts[:i + 1]])]
+            args += ["--ro-bind", path, path]
+        # The child keeps only what it needs to become nobody, which has no capabilities at all.
+        args += ["--cap-drop", "ALL"]
+        if self.uid is not None:
+            args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        return args + ["--chdir", "/tmp", "--", *inner]
+
+    def child_env(self, scratch: str) -> dict[str, str]:
+        """What the child needs to know: who to become (``autograder.reaper.drop_privileges``),
+        and its scratch folder as HOME and TMPDIR, as the student's code sees it."""
+        inside = "/tmp" if self.layer is Layer.BUBBLEWRAP else scratch
+        run_as = "" if self.uid is None else f"{self.uid}:{self.gid}"
+        return {"HOME": inside, "TMPDIR": inside, "K2C_RUN_AS": run_as}
+
+
+def needed_paths() -> list[str]:
+    """What the child must read: this Python, its environment, and the grader's packages."""
+    paths = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)), PACKAGE_ROOT}
+    return sorted(p for p in paths if p)
+
+
+def _put_back(paths: list[str]) -> list[str]:
+    """The paths (and their real locations) that lie in a hidden folder, outermost first."""
+    found = set()
+    for path in paths:
+        for p in {os.path.abspath(path), os.path.realpath(path)}:
+            if any(p == h or p.startswith(h + "/") for h in HIDDEN) and p not in HIDDEN:
+                found.add(p)
+    kept = sorted(found)
+    return [p for p in kept if not any(p.startswith(q + "/") for q in kept if q != p)]
+
+
+def _candidates(requested: str | None) -> list[Isolation]:
+    users = [NOBODY, (None, None)] if os.geteuid() == 0 else [(None, None)]
+    layers = [Layer(requested)] if requested else list(Layer)
+    return [Isolation(layer, uid, gid) for layer in layers for uid, gid in users]
+
+
+def _probe(isolation: Isolation) -> str:
+    """"" when a trivial call works under ``isolation``, else why not."""
+    if isolation.layer is Layer.BUBBLEWRAP and not shutil.which("bwrap"):
+        return "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="k2c-probe-") as scratch:
+        if isolation.uid is not None:
+            os.chown(scratch, isolation.uid, isolation.gid)
+        os.chmod(scratch, 0o711)  # bubblewrap, without capabilities, must enter it
+        inner = [sys.executable, "-c", "import os, autograder.reaper as r; r.drop_privileges(os.environ['K2C_RUN_AS']); "
+                 "import autograder.child, course"]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")])),
+                   **isolation.child_env(scratch))
+        try:
+            done = subprocess.run(isolation.command(inner, scratch, needed_paths(), devices=False),
+                                  cwd=scratch, env=env, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"{isolation.layer.value} did not start: {exc}"
+    if done.returncode != 0:
+        last = (done.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
+        return f"{isolation.layer.value} as {isolation.user} failed here: {last}"
+    return ""
+
+
+@functools.cache
+def detect() -> Isolation:
+    """The strongest layer that works on this machine (``K2C_ISOLATION`` may name one)."""
+    requested = os.environ.get("K2C_ISOLATION") or None
+    if requested and requested not in {layer.value for layer in Layer}:
+        raise RuntimeError(f"K2C_ISOLATION={requested!r}: choose one of {', '.join(l.value for l in Layer)}")
+    reasons = []
+    for candidate in _candidates(requested):
+        why = _probe(candidate)
+        if not why:
+            return Isolation(candidate.layer, candidate.uid, candidate.gid, "; ".join(reasons))
+        reasons.append(why)
+    raise RuntimeError("no isolation layer works on this machine: " + "; ".join(reasons))
