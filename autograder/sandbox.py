@@ -157,9 +157,11 @@ def _signal_of(code: int) -> signal.Signals | None:
         return None
 
 
-def run_call(request: dict, limits: Limits, env: dict[str, str] | None = None) -> Outcome:
-    """Run ``request`` (see ``autograder.child``) in a fresh isolated child."""
-    layer = isolation.detect()
+def run_call(request: dict, limits: Limits, env: dict[str, str] | None = None,
+             layer: isolation.Isolation | None = None) -> Outcome:
+    """Run ``request`` (see ``autograder.child``) in a fresh isolated child, in
+    ``layer`` (default: the strongest this machine offers)."""
+    layer = layer or isolation.detect()
     read_end, write_end = os.pipe()
     with tempfile.TemporaryDirectory(prefix="k2c-sandbox-", ignore_cleanup_errors=True) as tmp:
         os.chmod(tmp, 0o711)  # the call's user passes through to its scratch folder, and sees nothing else here

@@ -80,11 +80,17 @@ def test_report_formats(tmp_path):
     for test in gs["tests"]:
         assert {"name", "score", "max_score", "output", "visibility"} <= test.keys()
     assert any(t["max_score"] == 0 and "GPU tier" in t["output"] for t in gs["tests"])
+    # Which isolation graded it, and with which checks.
+    assert gs["extra_data"]["isolation"]["layer"] in ("bubblewrap", "subreaper") and "isolation:" in gs["output"]
+    assert len(gs["extra_data"]["checks_sha256"]["02-cuda-model"]) == 64
 
     proc = k2c("grade", "02", "--submission", REPO / "solutions", "--format", "junit", "-o", junit_file,
                "-k", "launch_config or bandwidth")
     suite = ET.parse(junit_file).getroot().find("testsuite")
     assert suite.get("name") == "02-cuda-model" and suite.get("tests") == "2" and suite.get("skipped") == "1"
+    properties = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert properties["checks_sha256"] == gs["extra_data"]["checks_sha256"]["02-cuda-model"]
+    assert properties["isolation"].startswith(gs["extra_data"]["isolation"]["layer"])
 
 
 @pytest.mark.slow
@@ -120,7 +126,7 @@ def test_usage_errors_exit_two(args, message):
 def test_doctor_reports_the_tier_and_the_stack():
     proc = k2c("doctor")
     assert proc.returncode == 0, proc.stdout
-    for needle in ("Python 3.", "CPU tier: CUDA simulator", "numba", "mpi4py", "MPICH", "torch", "gloo"):
+    for needle in ("Python 3.", "CPU tier: CUDA simulator", "Isolation: ", "numba", "mpi4py", "MPICH", "torch", "gloo"):
         assert needle in proc.stdout, needle
 
 
