@@ -87,6 +87,55 @@ def check_broadcast_add_kernel(submission, tier, block):
     _expect_launch(result, (rows, cols), col[:, None] + row[None, :], "broadcast_add_kernel output")
 
 
+def _expect_own_elements(result, what, element_of, one_d):
+    """Every output element written once, by the thread ``element_of`` maps to it."""
+    assert result["launch_error"] is None, f"{what}: the launch failed — {result['launch_error']}"
+    writes = result["writes"]
+    assert len(writes), (f"{what}: no thread wrote a single element of the output: whole-array or NumPy "
+                         "operations inside a kernel run only in the simulator; each thread writes out[its index]")
+    threads = {(int(x), int(y)) for x, y, _, _ in writes}
+    if len(threads) == 1:
+        x, y = next(iter(threads))
+        raise AssertionError(f"{what}: every write came from one thread ({_at(x, y, one_d)}); on a GPU each thread "
+                             "computes its own element, which is what makes the kernel parallel")
+    for x, y, i, j in writes:
+        want = element_of(int(x), int(y))
+        assert (int(i), int(j)) == want, (
+            f"{what}: the thread with global index {_at(x, y, one_d)} wrote out{_at(j, i, one_d, True)}, "
+            f"expected out{_at(want[1], want[0], one_d, True)} — each thread writes the element at its own global index")
+    per_element = {}
+    for _, _, i, j in writes:
+        per_element[(int(i), int(j))] = per_element.get((int(i), int(j)), 0) + 1
+    twice = [e for e, count in per_element.items() if count > 1]
+    i, j = twice[0] if twice else (0, 0)
+    assert not twice, f"{what}: out{_at(j, i, one_d, True)} was written {per_element[twice[0]]} times"
+
+
+def _at(x, y, one_d, element=False):
+    """``i`` (1-D) or ``(x, y)``; as an element, ``[i]`` or ``[row, column]``."""
+    if element:
+        return f"[{x}]" if one_d else f"[{y}, {x}]"
+    return f"{x}" if one_d else f"(x={x}, y={y})"
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("kernel", ["relu_kernel", "saxpy_kernel"])
+def check_each_thread_writes_its_own_element(submission, kernel):
+    """the thread with global index i writes out[i], and no thread writes another's (seen in the simulator)"""
+    n, x = 300, _floats(300, SEED + 11)
+    inputs = (x,) if kernel == "relu_kernel" else (2.0, x, _floats(300, SEED + 12))
+    result = submission.in_simulator().harness("thread_writes", kernel, n, 64, *inputs)
+    _expect_own_elements(result, kernel, lambda gx, gy: (0, gx), one_d=True)
+
+
+@pytest.mark.points(2)
+def check_broadcast_add_thread_mapping(submission):
+    """broadcast_add_kernel: the thread at global (x, y) writes out[y, x], x along columns (seen in the simulator)"""
+    col, row = _floats(13, SEED + 13), _floats(21, SEED + 14)
+    result = submission.in_simulator().harness("thread_writes", "broadcast_add_kernel", (13, 21), (8, 4), col, row)
+    _expect_own_elements(result, "broadcast_add_kernel", lambda gx, gy: (gy, gx), one_d=False)
+
+
 @pytest.mark.points(1)
 def check_host_relu(submission, tier):
     """relu() copies in, launches with launch_config and copies the result back"""

@@ -38,6 +38,33 @@ def _launch(kernel, grid, block, out_buffer, out_view, *args):
     return {"buffer": d_buffer.copy_to_host(), "launch_error": error}
 
 
+def thread_writes(kernel_name, n_or_shape, block, *inputs):
+    """In the simulator, under ``course.cuda_audit``: for every write the kernel makes
+    to its output, the writing thread's global (x, y) index and the element's (row,
+    column). The grid covers the output exactly as in the other launches."""
+    from course.cuda_audit import audit
+
+    kernel = _kernel(kernel_name)
+    if isinstance(n_or_shape, int):
+        shape, grid, bx, by = (1, n_or_shape), math.ceil(n_or_shape / block), block, 1
+    else:
+        shape, (bx, by) = tuple(n_or_shape), block
+        grid = (math.ceil(shape[1] / bx), math.ceil(shape[0] / by))
+    dtype = inputs[-1].dtype
+    d_out = cuda.to_device(poisoned(shape if not isinstance(n_or_shape, int) else n_or_shape, dtype))
+    args = [cuda.to_device(a) if isinstance(a, np.ndarray) else dtype.type(a) for a in inputs]
+    try:
+        with audit() as log:
+            log.name(d_out, "out")
+            kernel[grid, block if isinstance(block, int) else tuple(block)](d_out, *args)
+    except Exception as exc:  # noqa: BLE001 - reported to the check as data
+        return {"writes": np.zeros((0, 4), np.int64), "launch_error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    writes = [(a.block[0] * bx + a.thread % bx, (a.block[1] if len(a.block) > 1 else 0) * by + a.thread // bx,
+               *divmod(a.offset // a.itemsize, shape[1]))
+              for a in log.accesses if a.array == "out" and a.kind == "w"]
+    return {"writes": np.array(writes, np.int64).reshape(-1, 4), "launch_error": None}
+
+
 def launch_configs(cases):
     fn = _student().launch_config
     return [tuple(int(v) for v in fn(n, tpb)) for n, tpb in cases]
