@@ -8,8 +8,9 @@
 
 Point-to-point calls pass through to the real communicator (``Send``,
 ``Recv``, ``Sendrecv``, ``Isend``, ``Irecv``, their lowercase pickle-based
-cousins, ``Wait``/``Waitall`` on the requests they return); each becomes an
-:class:`Event` in this rank's log. MPI's own collectives (``Bcast``,
+cousins, and the completion of the requests they return, by ``request.Wait()``
+or ``MPI.Request.Waitall(requests)``); each becomes an :class:`Event` in this
+rank's log. MPI's own collectives (``Bcast``,
 ``Allreduce``, ``barrier`` …) are refused with :class:`CollectiveNotAllowed`:
 the labs build those from point-to-point messages.
 
@@ -18,10 +19,12 @@ Gather every rank's log (return ``audited.log`` from the rank) and
 never lets two messages between one pair of ranks with one tag overtake each
 other) and finds the longest chain of communication steps any rank waits on —
 ``ceil(log2 p)`` for a binomial-tree broadcast, ``p - 1`` for one that sends
-to every rank in turn.
+to every rank in turn, one per ring step whether the step is a ``Sendrecv``
+or an ``Irecv`` and ``Isend`` completed together.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,31 +70,32 @@ def _pickled_size(obj) -> tuple[int, int]:
     return (int(np.asarray(obj).size) if isinstance(obj, np.ndarray) else 1), len(data)
 
 
-class AuditRequest:
-    """A request from Isend/Irecv whose completion is recorded."""
+@functools.cache
+def _request_type():
+    """AuditRequest: an mpi4py ``Request`` (so ``MPI.Request.Waitall`` and the like take it)
+    whose completion is recorded. Made on first use: importing mpi4py starts MPI."""
+    from mpi4py import MPI
 
-    def __init__(self, comm: "AuditComm", request, number: int):
-        self._comm, self._request, self.number = comm, request, number
+    class AuditRequest(MPI.Request):
+        def __new__(cls, comm, request, number):
+            self = super().__new__(cls, request)  # the same MPI request
+            self._comm, self._request, self.number = comm, request, number  # _request keeps it alive
+            return self
 
-    def Wait(self, status=None):
-        result = self._request.Wait(status)
-        self._comm._record(Event("wait", None, request=self.number))
-        return result
+        def Wait(self, status=None):
+            result = super().Wait(status)
+            self._comm._completed(self)
+            return result
 
-    wait = Wait
+        def Test(self, status=None):
+            done = super().Test(status)
+            if done:
+                self._comm._completed(self)
+            return done
 
-    def Test(self, status=None):
-        done = self._request.Test(status)
-        if done:
-            self._comm._record(Event("wait", None, request=self.number))
-        return done
+        wait, test = Wait, Test
 
-    @staticmethod
-    def Waitall(requests, statuses=None):
-        for r in requests:
-            r.Wait()
-
-    waitall = Waitall
+    return AuditRequest
 
 
 class AuditComm:
@@ -106,9 +110,15 @@ class AuditComm:
 
         self._comm, self._MPI = comm, MPI
         self._synchronous = synchronous_sends
-        self.log: list[Event] = []
+        self._log: list[Event] = []
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self._requests = 0
+        self._pending = {}  # id -> request not seen complete yet (by id: requests compare by MPI handle)
+
+    @property
+    def log(self) -> list[Event]:
+        self._flush()
+        return self._log
 
     def Get_rank(self):
         return self.rank
@@ -117,7 +127,19 @@ class AuditComm:
         return self.size
 
     def _record(self, event: Event) -> None:
-        self.log.append(event)
+        self._flush()
+        self._log.append(event)
+
+    def _completed(self, request) -> None:
+        if self._pending.pop(id(request), None) is not None:
+            self._log.append(Event("wait", None, request=request.number))
+
+    def _flush(self) -> None:
+        """Record the requests completed behind our back (``MPI.Request.Waitall(requests)``
+        sets each to REQUEST_NULL): they were done before whatever is recorded next."""
+        for request in list(self._pending.values()):
+            if request == self._MPI.REQUEST_NULL:
+                self._completed(request)
 
     def _source(self, status, source):
         return status.Get_source() if source == self._MPI.ANY_SOURCE else source
@@ -170,7 +192,7 @@ class AuditComm:
         self._requests += 1
         elements, nbytes = _size(buf)
         self._record(Event("isend", dest, elements, nbytes, tag, request=self._requests))
-        return AuditRequest(self, self._comm.Isend(buf, dest, tag), self._requests)
+        return self._request(self._comm.Isend(buf, dest, tag))
 
     def Irecv(self, buf, source=None, tag=None):
         # The source of an ANY_SOURCE receive is known only at Wait; labs name their sources.
@@ -178,7 +200,12 @@ class AuditComm:
         self._requests += 1
         elements, nbytes = _size(buf)
         self._record(Event("irecv", source, elements, nbytes, tag, request=self._requests))
-        return AuditRequest(self, self._comm.Irecv(buf, source, tag), self._requests)
+        return self._request(self._comm.Irecv(buf, source, tag))
+
+    def _request(self, request):
+        request = _request_type()(self, request, self._requests)
+        self._pending[id(request)] = request
+        return request
 
     def _any(self, source, tag):
         return (self._MPI.ANY_SOURCE if source is None else source), (self._MPI.ANY_TAG if tag is None else tag)
@@ -211,10 +238,11 @@ def totals(log) -> dict:
 def rounds(logs: list[list[Event]]) -> int:
     """The longest chain of communication steps in a job, from every rank's log.
 
-    A send takes its rank one step; a receive completes no earlier than the step
-    of the send it matches; a sendrecv is one step that both sends and waits for
-    its message. Non-blocking sends and receives are steps too (posted at once);
-    a wait completes no earlier than what it waits for.
+    A send (blocking or not, or the send half of a sendrecv) takes its rank one
+    step: a rank sends one message at a time. A receive completes no earlier
+    than the step of the send it matches; a non-blocking one counts at its
+    wait, and posting it costs nothing. So one step of ``Irecv``, ``Isend`` and
+    a wait on both is one round, as are ``Isend`` + ``Recv`` and a ``Sendrecv``.
     """
     # The k-th message from a to b with tag t is the k-th such receive at b.
     sends: dict[tuple, list] = {}
@@ -238,36 +266,40 @@ def rounds(logs: list[list[Event]]) -> int:
     request_event = {(rank, e.request): i for rank, log in enumerate(logs)
                      for i, e in enumerate(log) if e.op in ("isend", "irecv")}
 
-    def needs(node):
-        """The values a node's value is the max of (its inputs), and its own increment."""
-        kind, r, j = node
-        e, previous = logs[r][j], [("done", r, j - 1)] if j > 0 else []
-        if kind == "posted":  # a send or a posted request takes its rank one step
-            return previous, 1
-        inputs = [("posted", r, j)] if e.op in ("send", "isend", "irecv", "sendrecv") else previous
-        if e.op in ("recv", "sendrecv") and (r, j) in matched:
-            inputs.append(("posted",) + matched[(r, j)])
+    def arrival(r, j):
+        """The send whose message event j of rank r waits for, if any."""
+        e = logs[r][j]
+        if e.op in ("recv", "sendrecv"):
+            return matched.get((r, j))
         if e.op == "wait":
-            posted = request_event[(r, e.request)]
-            inputs.append(("done", r, posted))
-            if (r, posted) in matched:  # an irecv's message has landed by its wait
-                inputs.append(("posted",) + matched[(r, posted)])
-        return inputs, 0
+            return matched.get((r, request_event[(r, e.request)]))
+        return None
 
-    value: dict[tuple, int] = {}
+    def inputs(r, j):
+        """The events whose steps event j's step depends on: the rank's previous
+        event, and the one before the matched send (that send goes out one step later)."""
+        found = arrival(r, j)
+        return [(r, j - 1)] + ([(found[0], found[1] - 1)] if found else [])
+
+    # reached[(r, j)]: the step rank r has reached once event j is done; before its first event, 0.
+    reached = {(rank, -1): 0 for rank in range(len(logs))}
     for rank, log in enumerate(logs):
         for i in range(len(log)):
-            stack = [("done", rank, i)]
+            stack = [(rank, i)]
             while stack:  # depth-first, without recursion: chains can be long
                 node = stack[-1]
-                if node in value:
+                if node in reached:
                     stack.pop()
                     continue
-                inputs, increment = needs(node)
-                missing = [n for n in inputs if n not in value]
+                missing = [n for n in inputs(*node) if n not in reached]
                 if missing:
                     stack.extend(missing)
                     continue
                 stack.pop()
-                value[node] = max([value[n] for n in inputs], default=0) + increment
-    return max((v for (kind, _, _), v in value.items() if kind == "done"), default=0)
+                r, j = node
+                step = reached[(r, j - 1)] + (logs[r][j].op in ("send", "isend", "sendrecv"))
+                found = arrival(r, j)
+                if found:  # the message lands in the step its sender sent it in
+                    step = max(step, reached[(found[0], found[1] - 1)] + 1)
+                reached[node] = step
+    return max(reached.values(), default=0)

@@ -9,7 +9,7 @@ import pytest
 
 from autograder.sandbox import Limits, run_call
 from course import mpi
-from course.mpi_audit import CollectiveNotAllowed, rounds, totals
+from course.mpi_audit import CollectiveNotAllowed, Event, rounds, totals
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -109,10 +109,52 @@ def test_ring_allreduce_costs(p):
         assert abs(t["elements_sent"] - 2 * (p - 1) / p * n) <= 2 * (p - 1)  # chunks differ by one element
 
 
-def test_nonblocking_calls_are_recorded_in_order():
-    job = mpi.run("mpi_algos:ring_nonblocking", 3).check()
+@pytest.mark.parametrize("waitall", [False, True], ids=["request.Wait()", "MPI.Request.Waitall"])
+def test_nonblocking_calls_are_recorded_in_order(waitall):
+    job = mpi.run("mpi_algos:ring_nonblocking", 3, waitall).check()
     log, got = job.results[1]
     assert [e.op for e in log] == ["irecv", "isend", "wait", "wait"] and got == [0.0] * 3
+    assert rounds([log for log, _ in job.results]) == 1
+
+
+def _ring_logs(p, steps, step_events):
+    """Every rank's log of ``steps`` ring steps, each made of ``step_events(right, left, request)``."""
+    logs = []
+    for rank in range(p):
+        right, left = (rank + 1) % p, (rank - 1) % p
+        logs.append([e for k in range(steps) for e in step_events(right, left, 10 * k)])
+    return logs
+
+
+RING_STEPS = {
+    "Sendrecv": lambda right, left, req: [Event("sendrecv", right, 4, 32, 0, left, 4)],
+    "Irecv + Isend + Waitall": lambda right, left, req: [
+        Event("irecv", left, 4, 32, 0, request=req + 1), Event("isend", right, 4, 32, 0, request=req + 2),
+        Event("wait", None, request=req + 1), Event("wait", None, request=req + 2)],
+    "Isend + Recv": lambda right, left, req: [
+        Event("isend", right, 4, 32, 0, request=req + 1), Event("recv", left, 4, 32, 0),
+        Event("wait", None, request=req + 1)],
+    "Send + Recv": lambda right, left, req: [Event("send", right, 4, 32, 0), Event("recv", left, 4, 32, 0)],
+}
+
+
+@pytest.mark.parametrize("style", RING_STEPS)
+@pytest.mark.parametrize("p", [2, 5])
+def test_a_ring_step_is_one_round_however_it_is_written(style, p):
+    assert rounds(_ring_logs(p, 2 * (p - 1), RING_STEPS[style])) == 2 * (p - 1)
+
+
+def test_sends_to_many_ranks_take_a_round_each_even_nonblocking():
+    root = [Event("isend", d, request=d) for d in (1, 2, 3)] + [Event("wait", None, request=d) for d in (1, 2, 3)]
+    leaves = [[Event("irecv", 0, request=1), Event("wait", None, request=1)] for _ in range(3)]
+    assert rounds([root, *leaves]) == 3
+
+
+def test_a_message_forwarded_after_its_wait_adds_a_round():
+    first = [Event("isend", 1, request=1), Event("wait", None, request=1)]
+    middle = [Event("irecv", 0, request=1), Event("wait", None, request=1), Event("send", 2)]
+    last = [Event("recv", 1)]
+    assert rounds([first, middle, last]) == 2
 
 
 def test_collectives_are_refused():
