@@ -50,8 +50,13 @@ batch. You write, in order:
    residual that is added to the next gradient before compressing it, so no
    gradient is lost, only delayed.
 
-Rules the grader relies on: every parameter of the wrapped module requires a
-gradient and receives one in every backward; the process group is
+Rules the grader relies on: a parameter that requires a gradient receives
+one in every backward. A frozen parameter (``requires_grad=False``) is
+broadcast like the others but gets no gradient: no hook, no all-reduce, no
+place in a bucket. A tied weight (one ``Parameter`` reachable under two
+names, as when an embedding and the output layer share their weight) is one
+parameter: ``module.parameters()`` yields it once, so synchronise it once.
+The process group is
 ``group`` (``None`` means the default group, ``dist.group.WORLD``); use
 ``torch.distributed.all_reduce`` (sum) for gradients — the grader records
 every call, when it is issued and when its handle is waited on, relative to
@@ -139,8 +144,8 @@ def bucket_indices(sizes_bytes, bucket_cap_mb):
 class BucketedDDP(torch.nn.Module):
     """Gradients all-reduced bucket by bucket while backward still runs.
 
-    ``self.buckets[b]`` lists the parameter indices (into ``self.params``) of
-    bucket ``b``; ``self.buffers[b]`` is its flat buffer, made once with as many
+    ``self.buckets[b]`` lists the parameter indices (into ``self.params``, the
+    parameters that require a gradient) of bucket ``b``; ``self.buffers[b]`` is its flat buffer, made once with as many
     elements as the bucket's parameters together (one dtype per bucket).
     """
 
@@ -148,7 +153,7 @@ class BucketedDDP(torch.nn.Module):
         super().__init__()
         self.module = module
         self.group = group
-        self.params = list(module.parameters())
+        self.params = [p for p in module.parameters() if p.requires_grad]  # frozen ones get no gradient
         self.buckets = bucket_indices([p.numel() * p.element_size() for p in self.params], bucket_cap_mb)
         # One flat buffer per bucket, made once and reused every step (as torch's DDP does): a fresh
         # multi-MiB tensor per bucket and step costs page faults that show in the step time.

@@ -18,6 +18,10 @@ other collective (``all_reduce_coalesced``, ``reduce_scatter``, ``all_gather``
 exactly one ``all_reduce`` per bucket (per parameter for ``NaiveDDP``) and
 nothing else; the message lists what was called.
 
+A second model has a frozen first layer (broadcast, never synchronised) and a
+weight tied between two layers (one Parameter under two names, synchronised
+once); both wrappers train it, with one parameter per bucket.
+
 World sizes 2 and 4, each one job of torch processes (gloo) for every case,
 cached for the whole grading run. Both tiers grade the same way, on gloo:
 this lab has no GPU part.
@@ -35,7 +39,9 @@ ACCUMULATION_CAP = 0.002
 NAIVE = "naive"
 BUCKETED = tuple(f"bucketed (bucket_cap_mb={cap:g})" for cap in BUCKET_CAPS)
 ACCUMULATION = f"accumulation (bucket_cap_mb={ACCUMULATION_CAP:g})"
-CAP_OF = dict(zip(BUCKETED, BUCKET_CAPS), **{ACCUMULATION: ACCUMULATION_CAP})
+# A model with a frozen first layer and a weight tied between two layers; one parameter per bucket.
+FROZEN_TIED = ("naive (frozen + tied)", f"bucketed (frozen + tied, bucket_cap_mb={BUCKET_CAPS[0]:g})")
+CAP_OF = dict(zip(BUCKETED, BUCKET_CAPS), **{ACCUMULATION: ACCUMULATION_CAP, FROZEN_TIED[1]: BUCKET_CAPS[0]})
 
 
 def _job(submission, world):
@@ -125,6 +131,27 @@ def check_accumulation_matches_single_process(submission):
     _expect_single_process(submission, (ACCUMULATION,),
                            " Inside no_sync() gradients must keep accumulating in param.grad; the backward "
                            "after it all-reduces the accumulated sum once.")
+
+
+@pytest.mark.points(2)
+def check_frozen_and_tied_parameters(submission):
+    """A frozen layer and a tied weight: both wrappers train as one process, one all-reduce per trained parameter"""
+    _expect_single_process(submission, FROZEN_TIED, _FROZEN_TIED_HINT)
+    for world, name, outcome in _cases(submission, FROZEN_TIED):
+        trained = outcome["param_names"]
+        want = len(trained) if name.startswith("naive") else expected_buckets(outcome["param_bytes"], CAP_OF[name])
+        for rank, record in enumerate(outcome["ranks"]):
+            for step, (events,) in enumerate(record["steps"]):
+                calls = _collectives(events)
+                assert len(_all_reduces(events)) == want and len(calls) == want, (
+                    f"{name} on {world} processes, rank {rank}, step {step}: expected {want} all_reduce calls, "
+                    f"one per trained parameter ({', '.join(trained)}); recorded {_summary(calls)}."
+                    + _FROZEN_TIED_HINT)
+
+
+_FROZEN_TIED_HINT = (" Layer 0 is frozen (requires_grad=False): broadcast it at construction, but it gets no "
+                     "gradient, needs no hook and is never all-reduced. 4.weight is 2.weight (one Parameter under "
+                     "two names, as tied embeddings are): module.parameters() yields it once; synchronise it once.")
 
 
 # --- communication: what was called, and when --------------------------------------------------

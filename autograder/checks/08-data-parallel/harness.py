@@ -15,10 +15,16 @@ starting processes is the slow part on a small machine. Per case, every rank:
    one process, the whole global batch — and reports the largest difference
    per parameter.
 
+Two more cases train a model with a frozen first layer and a weight tied
+between two layers (``make_model(seed, FROZEN_TIED)``), with ``NaiveDDP`` and
+with ``BucketedDDP`` (one parameter per bucket); ``param_bytes`` and
+``param_names`` list the parameters that are trained, each once.
+
 Recording: before the student's module is imported, the collectives of
 ``torch.distributed`` (``all_reduce`` and the others in ``RECORDED``) are
 replaced by wrappers that log each call (``"all_reduce:async"`` or
-``"all_reduce:sync"``) and wrap the returned handle so its ``wait()`` logs
+``"all_reduce:sync"``; a call made inside another, as a deprecated name
+calls its new one, is not logged again) and wrap the returned handle so its ``wait()`` logs
 ``"wait"``; ``from torch.distributed import all_reduce`` in the student's
 module therefore gets the wrapper too. The end of backward is marked by a
 callback queued on the autograd engine from a hook on the loss
@@ -58,16 +64,19 @@ LR, MOMENTUM = 0.05, 0.9
 JOB_TIMEOUT_S = 40
 # bucket caps in MiB: one parameter per bucket; two buckets, the last one partial; one partial bucket for all
 BUCKET_CAPS = (1e-5, 0.002, 25.0)
-CASES = (("naive", None), *(("bucketed", cap) for cap in BUCKET_CAPS), ("accumulation", 0.002))
-RECORDED = ("all_reduce", "all_reduce_coalesced", "reduce_scatter", "reduce_scatter_tensor", "all_gather",
-            "all_gather_into_tensor", "broadcast", "reduce", "all_to_all", "all_to_all_single", "gather",
-            "scatter", "barrier")
+FROZEN_TIED = "frozen + tied"  # the model with a frozen layer and a weight shared by two layers
+CASES = (("naive", None), *(("bucketed", cap) for cap in BUCKET_CAPS), ("accumulation", 0.002),
+         ("naive", None, FROZEN_TIED), ("bucketed", BUCKET_CAPS[0], FROZEN_TIED))
+RECORDED = ("all_reduce", "all_reduce_coalesced", "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor",
+            "all_gather", "all_gather_single", "all_gather_into_tensor", "broadcast", "reduce", "all_to_all",
+            "all_to_all_single", "gather", "scatter", "barrier")
 
 EVENTS = []  # this process's record of the current step
 
 
-def case_name(kind, cap):
-    return kind if cap is None else f"{kind} (bucket_cap_mb={cap:g})"
+def case_name(kind, cap, model=None):
+    details = ([model] if model else []) + ([f"bucket_cap_mb={cap:g}"] if cap is not None else [])
+    return f"{kind} ({', '.join(details)})" if details else kind
 
 
 # --- recording, installed before the student's module is imported --------------------------
@@ -87,17 +96,26 @@ class RecordedWork:
         return getattr(self._work, name)
 
 
+_INSIDE = []  # the recorded call running now: a deprecated name calls its new one, recorded too
+
+
 def _recording(name, real):
     signature = inspect.signature(real)
 
     @functools.wraps(real)
     def call(*args, **kwargs):
+        if _INSIDE:  # a collective the student called, calling another: one call, recorded once
+            return real(*args, **kwargs)
         try:  # async_op may come by keyword or by position
             asynchronous = bool(signature.bind(*args, **kwargs).arguments.get("async_op", False))
         except TypeError:  # arguments the real function will refuse itself
             asynchronous = bool(kwargs.get("async_op", False))
         EVENTS.append(f"{name}:{'async' if asynchronous else 'sync'}")
-        work = real(*args, **kwargs)
+        _INSIDE.append(name)
+        try:
+            work = real(*args, **kwargs)
+        finally:
+            _INSIDE.pop()
         return RecordedWork(work) if work is not None and asynchronous else work
     return call
 
@@ -130,12 +148,20 @@ def _mark_backward_end(loss):
 
 # --- one case on every rank ----------------------------------------------------------------
 
-def make_model(seed):
+def make_model(seed, model=None):
+    """The graded MLP; ``model=FROZEN_TIED``: one more layer, whose weight is layer 2's (one
+    Parameter under two names, as tied embeddings are), and a frozen first layer."""
     import torch
 
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
-                               torch.nn.Linear(16, 4)).double()
+    if model is None:
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16),
+                                   torch.nn.Tanh(), torch.nn.Linear(16, 4)).double()
+    layers = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
+                                 torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).double()
+    layers[4].weight = layers[2].weight
+    layers[0].requires_grad_(False)
+    return layers
 
 
 def global_batch(step, samples):
@@ -152,11 +178,11 @@ def _optimizer(params):
     return torch.optim.SGD(params, lr=LR, momentum=MOMENTUM)
 
 
-def oracle_parameters(world, micro_batches):
+def oracle_parameters(world, micro_batches, model=None):
     """Single-process training from rank 0's seed on each whole global batch."""
     import torch
 
-    model = make_model(SEED)
+    model = make_model(SEED, model)
     opt = _optimizer(model.parameters())
     for step in range(STEPS):
         x, y = global_batch(step, world * micro_batches * MICRO_BATCH)
@@ -170,18 +196,20 @@ def _differences(module, reference):
     return {name: float((p.detach() - reference[name].detach()).abs().max()) for name, p in module.named_parameters()}
 
 
-def run_case(student, kind, cap, record):
+def run_case(student, record, kind, cap, model=None):
     """Fill ``record`` as the case goes (a stub further on leaves what came before)."""
     import torch
     import torch.distributed as tdist
 
     rank, world = tdist.get_rank(), tdist.get_world_size()
     micro_batches = ACCUMULATION if kind == "accumulation" else 1
-    module = make_model(SEED + rank)
-    record.update(param_bytes=[p.numel() * p.element_size() for p in module.parameters()],
-                  param_names=[name for name, _ in module.named_parameters()])
+    module = make_model(SEED + rank, model)
+    # What is synchronised: each parameter once (parameters() yields a tied one once), frozen ones not at all.
+    trained = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    record.update(param_bytes=[p.numel() * p.element_size() for _, p in trained],
+                  param_names=[name for name, _ in trained])
     wrapped = student.NaiveDDP(module) if kind == "naive" else student.BucketedDDP(module, bucket_cap_mb=cap)
-    record["initial_errors"] = _differences(module, dict(make_model(SEED).named_parameters()))
+    record["initial_errors"] = _differences(module, dict(make_model(SEED, model).named_parameters()))
     opt = _optimizer(module.parameters())
     steps = []
     for step in range(STEPS):
@@ -208,7 +236,7 @@ def run_case(student, kind, cap, record):
         steps.append(micro_records)
     EVENTS.clear()
     record["steps"] = steps
-    record["final_errors"] = _differences(module, oracle_parameters(world, micro_batches))
+    record["final_errors"] = _differences(module, oracle_parameters(world, micro_batches, model))
 
 
 def rank_side(cases, folder):
@@ -221,10 +249,10 @@ def rank_side(cases, folder):
     import ddp as student  # after install_recorder: its imports of torch.distributed get the wrappers
 
     rank = tdist.get_rank()
-    for index, (kind, cap) in cases:
+    for index, case in cases:
         record = {"status": "ok"}
         try:
-            run_case(student, kind, cap, record)
+            run_case(student, record, *case)
         except NotImplementedError as exc:  # a stub: every rank raises at the same place
             record.update(status="not_implemented", message=str(exc))
         tdist.barrier()  # no case's stray message can reach the next one
