@@ -43,23 +43,25 @@ def test_storage_bytes_of_unsharded_adam_is_parameters_and_two_moments():
     assert harness.storage_bytes([opt.state, opt.param_groups]) == 3 * 15 * 8 + steps
 
 
-def test_gather_watch_sees_live_and_peak_bytes_until_every_view_is_freed(monkeypatch):
+@pytest.mark.parametrize("name", ["all_gather_single", "all_gather_into_tensor"])  # the new name and the old
+def test_gather_watch_sees_live_and_peak_bytes_until_every_view_is_freed(monkeypatch, name):
     def fake_gather(out, inp, *args, **kwargs):  # one process: every "rank" sends the same
         out.copy_(inp.repeat(out.numel() // inp.numel()))
-    monkeypatch.setattr(torch.distributed, "all_gather_into_tensor", fake_gather)
+    monkeypatch.setattr(torch.distributed, name, fake_gather)
+    gather = lambda out, inp: getattr(torch.distributed, name)(out, inp)
     with harness.GatherWatch() as watch:
         first = torch.empty(8, dtype=torch.float64)
-        torch.distributed.all_gather_into_tensor(first, torch.ones(4, dtype=torch.float64))
+        gather(first, torch.ones(4, dtype=torch.float64))
         view = first[:3]
         del first
         assert watch.live == 64  # the view keeps the gathered buffer alive
         second = torch.empty(4)
-        torch.distributed.all_gather_into_tensor(second, torch.ones(2))
-        torch.distributed.all_gather_into_tensor(second, torch.ones(2))  # the same buffer again: once
+        gather(second, torch.ones(2))
+        gather(second, torch.ones(2))  # the same buffer again: once
         assert (watch.live, watch.peak, watch.calls, watch.total) == (80, 80, 3, 96)
         del view, second
         assert watch.live == 0 and watch.peak == 80
-    assert torch.distributed.all_gather_into_tensor is fake_gather  # put back as it was
+    assert getattr(torch.distributed, name) is fake_gather  # put back as it was
 
 
 def test_the_graded_model_needs_padding_on_2_and_4_ranks():

@@ -37,23 +37,25 @@ def test_collective_log_records_kind_whole_elements_and_phase():
     module.all_reduce(whole)  # outside any phase: passed through, not recorded
     with log.phase("forward"):
         module.all_reduce(tensor=whole)
-        module.all_gather_into_tensor(whole, shard)
+        module.all_gather_single(whole, shard)
+        module.reduce_scatter_single(output=shard, input=whole)
+        module.all_gather_into_tensor(whole, shard)  # the old names (deprecated in torch 2.13) count alike
         module.reduce_scatter_tensor(output=shard, input=whole)
     with log.phase("backward"):
         module.all_gather([shard] * 4, shard)
         module.reduce_scatter(shard, [shard] * 4)
         module.broadcast(shard, 0)
-    assert called == ["all_reduce", "all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_gather",
-                      "reduce_scatter", "broadcast"]
-    assert log.calls == [("all-reduce", 24, "forward"), ("all-gather", 24, "forward"),
-                         ("reduce-scatter", 24, "forward"), ("all-gather", 24, "backward"),
-                         ("reduce-scatter", 24, "backward"), ("broadcast", 6, "backward")]
-    assert harness.tally(log.calls, "forward") == {"all-reduce of 24": 1, "all-gather of 24": 1,
-                                                   "reduce-scatter of 24": 1}
+    assert called == ["all_reduce", "all_reduce", "all_gather_single", "reduce_scatter_single",
+                      "all_gather_into_tensor", "reduce_scatter_tensor", "all_gather", "reduce_scatter", "broadcast"]
+    assert log.calls == [("all-reduce", 24, "forward")] + [("all-gather", 24, "forward"),
+                                                          ("reduce-scatter", 24, "forward")] * 2 + [
+        ("all-gather", 24, "backward"), ("reduce-scatter", 24, "backward"), ("broadcast", 6, "backward")]
+    assert harness.tally(log.calls, "forward") == {"all-reduce of 24": 1, "all-gather of 24": 2,
+                                                   "reduce-scatter of 24": 2}
     assert harness.tally(log.calls, "sync") == {}
     log.uninstall()
     module.all_reduce(whole)
-    assert len(log.calls) == 6 and called[-1] == "all_reduce"
+    assert len(log.calls) == 8 and called[-1] == "all_reduce"
 
 
 # --- the loader -------------------------------------------------------------------------------------

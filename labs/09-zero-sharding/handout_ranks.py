@@ -66,25 +66,32 @@ def unsharded(steps):
 
 
 class WatchGathers:
-    """Counts the bytes of ``dist.all_gather_into_tensor`` outputs alive at once."""
+    """Counts the bytes of all-gather outputs alive at once (``dist.all_gather_single``,
+    or its older name ``dist.all_gather_into_tensor``)."""
+
+    NAMES = ("all_gather_single", "all_gather_into_tensor")
 
     def __enter__(self):
-        self.original, self.live, self.peak = dist.all_gather_into_tensor, 0, 0
+        self.originals, self.live, self.peak = {name: getattr(dist, name) for name in self.NAMES}, 0, 0
+        for name, original in self.originals.items():
+            setattr(dist, name, self._watch(original))
+        return self
 
+    def _watch(self, original):
         def watched(out, inp, *args, **kwargs):
-            result = self.original(out, inp, *args, **kwargs)
+            result = original(out, inp, *args, **kwargs)
             self.live += out.nbytes
             self.peak = max(self.peak, self.live)
             weakref.finalize(out, self._freed, out.nbytes)
             return result
-        dist.all_gather_into_tensor = watched
-        return self
+        return watched
 
     def _freed(self, nbytes):
         self.live -= nbytes
 
     def __exit__(self, *exc):
-        dist.all_gather_into_tensor = self.original
+        for name, original in self.originals.items():
+            setattr(dist, name, original)
 
 
 def _zero1(zero, steps, want):
@@ -114,7 +121,7 @@ def _zero3(zero, steps, want):
     full = []
     for shard, size in zip(model.shards, sizes):  # the documented layout, gathered back
         gathered = torch.empty(shard.numel() * dist.get_world_size(), dtype=shard.dtype)
-        dist.all_gather_into_tensor(gathered, shard.detach())
+        dist.all_gather_single(gathered, shard.detach())
         full.append(gathered[:size])
     got = torch.cat(full)
     return {"max_diff": float((got - want).abs().max()), "stored_bytes": tensor_bytes(list(model.parameters())),

@@ -21,9 +21,10 @@ The layout the grader relies on, for both classes: a list of tensors is
 flattened in order (``torch.cat([t.reshape(-1) for t in tensors])``) and
 zero-padded at the end to ``n * s`` elements, ``s = ceil(numel / n)``; rank r
 owns elements ``[r * s, (r + 1) * s)``. Collectives: use
-``dist.reduce_scatter_tensor`` and ``dist.all_gather_into_tensor`` (called as
-attributes of ``torch.distributed``, which the grader watches), on the group
-you are given (``None``: the default group). Every rank runs the same code
+``dist.reduce_scatter_single`` and ``dist.all_gather_single`` (called as
+attributes of ``torch.distributed``, which the grader watches; their older
+names ``reduce_scatter_tensor`` and ``all_gather_into_tensor``, deprecated
+since torch 2.13, are watched too), on the group you are given (``None``: the default group). Every rank runs the same code
 (``course.dist.run`` starts them). Run the checks with ``k2c grade 09``.
 """
 import math
@@ -95,7 +96,7 @@ class ShardedOptimizer:
 
     @torch.no_grad()
     def step(self):
-        raise NotImplementedError("not implemented yet: step: grads = flatten_padded(...) / n; reduce_scatter_tensor into a shard-sized tensor, set it as self.shard.grad; self.optimizer.step(); all_gather_into_tensor into a full padded buffer and copy each parameter's slice back with p.copy_(...view_as(p))")
+        raise NotImplementedError("not implemented yet: step: grads = flatten_padded(...) / n; dist.reduce_scatter_single into a shard-sized tensor, set it as self.shard.grad; self.optimizer.step(); dist.all_gather_single into a full padded buffer and copy each parameter's slice back with p.copy_(...view_as(p))")
 
 
 # --- 3. ZeRO stage 3: parameters gathered layer by layer --------------------------------
@@ -103,8 +104,8 @@ class ShardedOptimizer:
 
 def gather_flat(shard, group=None):
     """Every rank's ``shard`` concatenated in rank order: the full padded flat
-    buffer (``dist.all_gather_into_tensor``)."""
-    raise NotImplementedError('not implemented yet: gather_flat: torch.empty of world size * shard.numel() elements, then dist.all_gather_into_tensor(full, shard.contiguous(), group=group)')
+    buffer (``dist.all_gather_single``)."""
+    raise NotImplementedError('not implemented yet: gather_flat: torch.empty of world size * shard.numel() elements, then dist.all_gather_single(full, shard.contiguous(), group=group)')
 
 
 def _run_layer(layer, names, shapes, full, x):
@@ -134,7 +135,7 @@ class GatheredLayer(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        raise NotImplementedError('not implemented yet: backward: gather again, full.requires_grad_(); x = x.detach().requires_grad_(); with torch.enable_grad() recompute the layer; torch.autograd.grad(out, (x, full), grad_out); reduce_scatter_tensor(grad_full / n) into a shard-sized tensor; return (grad_x, grad_shard, None, None, None, None)')
+        raise NotImplementedError('not implemented yet: backward: gather again, full.requires_grad_(); x = x.detach().requires_grad_(); with torch.enable_grad() recompute the layer; torch.autograd.grad(out, (x, full), grad_out); dist.reduce_scatter_single(grad_full / n) into a shard-sized tensor; return (grad_x, grad_shard, None, None, None, None)')
 
 
 class Zero3Sequential(torch.nn.Module):

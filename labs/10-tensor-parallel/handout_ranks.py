@@ -19,14 +19,17 @@ HIDDEN, HEADS, FFN, SEQ, BATCH, VOCAB = 16, 4, 32, 8, 2, 12
 
 @contextlib.contextmanager
 def counting_collectives(counts):
-    """Count calls of the three collectives the lab uses: {name: [calls, elements]}."""
-    names = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
+    """Count calls of the three collectives the lab uses: {name: [calls, elements]}.
+    The older names (deprecated since torch 2.13) count under the new ones."""
+    names = {"all_reduce": "all_reduce", "all_gather_single": "all_gather_single",
+             "reduce_scatter_single": "reduce_scatter_single",
+             "all_gather_into_tensor": "all_gather_single", "reduce_scatter_tensor": "reduce_scatter_single"}
     originals = {name: getattr(dist, name) for name in names}
 
     def counted(name):
         def call(*args, **kwargs):
-            whole = args[0] if name == "all_reduce" else args[0] if name == "all_gather_into_tensor" else args[1]
-            entry = counts.setdefault(name, [0, 0])
+            whole = args[1] if names[name] == "reduce_scatter_single" else args[0]  # the unsharded tensor
+            entry = counts.setdefault(names[name], [0, 0])
             entry[0] += 1
             entry[1] += whole.numel()
             return originals[name](*args, **kwargs)

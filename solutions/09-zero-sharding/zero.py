@@ -21,9 +21,10 @@ The layout the grader relies on, for both classes: a list of tensors is
 flattened in order (``torch.cat([t.reshape(-1) for t in tensors])``) and
 zero-padded at the end to ``n * s`` elements, ``s = ceil(numel / n)``; rank r
 owns elements ``[r * s, (r + 1) * s)``. Collectives: use
-``dist.reduce_scatter_tensor`` and ``dist.all_gather_into_tensor`` (called as
-attributes of ``torch.distributed``, which the grader watches), on the group
-you are given (``None``: the default group). Every rank runs the same code
+``dist.reduce_scatter_single`` and ``dist.all_gather_single`` (called as
+attributes of ``torch.distributed``, which the grader watches; their older
+names ``reduce_scatter_tensor`` and ``all_gather_into_tensor``, deprecated
+since torch 2.13, are watched too), on the group you are given (``None``: the default group). Every rank runs the same code
 (``course.dist.run`` starts them). Run the checks with ``k2c grade 09``.
 """
 import math
@@ -122,16 +123,16 @@ class ShardedOptimizer:
 
     @torch.no_grad()
     def step(self):
-        # BEGIN SOLUTION: grads = flatten_padded(...) / n; reduce_scatter_tensor into a shard-sized tensor, set it as self.shard.grad; self.optimizer.step(); all_gather_into_tensor into a full padded buffer and copy each parameter's slice back with p.copy_(...view_as(p))
+        # BEGIN SOLUTION: grads = flatten_padded(...) / n; dist.reduce_scatter_single into a shard-sized tensor, set it as self.shard.grad; self.optimizer.step(); dist.all_gather_single into a full padded buffer and copy each parameter's slice back with p.copy_(...view_as(p))
         grads = flatten_padded([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params],
                                self.world)
         grads /= self.world  # the sum over ranks becomes the average data parallelism takes
         shard_grad = torch.empty_like(self.shard)
-        dist.reduce_scatter_tensor(shard_grad, grads, group=self.group)
+        dist.reduce_scatter_single(shard_grad, grads, group=self.group)
         self.shard.grad = shard_grad
         self.optimizer.step()
         full = torch.empty(self.shard_size * self.world, dtype=self.shard.dtype, device=self.shard.device)
-        dist.all_gather_into_tensor(full, self.shard, group=self.group)
+        dist.all_gather_single(full, self.shard, group=self.group)
         offset = 0
         for p in self.params:
             p.copy_(full[offset:offset + p.numel()].view_as(p))
@@ -144,10 +145,10 @@ class ShardedOptimizer:
 
 def gather_flat(shard, group=None):
     """Every rank's ``shard`` concatenated in rank order: the full padded flat
-    buffer (``dist.all_gather_into_tensor``)."""
-    # BEGIN SOLUTION: torch.empty of world size * shard.numel() elements, then dist.all_gather_into_tensor(full, shard.contiguous(), group=group)
+    buffer (``dist.all_gather_single``)."""
+    # BEGIN SOLUTION: torch.empty of world size * shard.numel() elements, then dist.all_gather_single(full, shard.contiguous(), group=group)
     full = torch.empty(shard.numel() * dist.get_world_size(group), dtype=shard.dtype, device=shard.device)
-    dist.all_gather_into_tensor(full, shard.detach().contiguous(), group=group)
+    dist.all_gather_single(full, shard.detach().contiguous(), group=group)
     return full
     # END SOLUTION
 
@@ -185,7 +186,7 @@ class GatheredLayer(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        # BEGIN SOLUTION: gather again, full.requires_grad_(); x = x.detach().requires_grad_(); with torch.enable_grad() recompute the layer; torch.autograd.grad(out, (x, full), grad_out); reduce_scatter_tensor(grad_full / n) into a shard-sized tensor; return (grad_x, grad_shard, None, None, None, None)
+        # BEGIN SOLUTION: gather again, full.requires_grad_(); x = x.detach().requires_grad_(); with torch.enable_grad() recompute the layer; torch.autograd.grad(out, (x, full), grad_out); dist.reduce_scatter_single(grad_full / n) into a shard-sized tensor; return (grad_x, grad_shard, None, None, None, None)
         x, shard = ctx.saved_tensors
         full = gather_flat(shard, ctx.group).requires_grad_()
         x = x.detach().requires_grad_()
@@ -194,7 +195,7 @@ class GatheredLayer(torch.autograd.Function):
         grad_x, grad_full = torch.autograd.grad(out, (x, full), grad_out)
         grad_full /= dist.get_world_size(ctx.group)
         grad_shard = torch.empty_like(shard)
-        dist.reduce_scatter_tensor(grad_shard, grad_full, group=ctx.group)
+        dist.reduce_scatter_single(grad_shard, grad_full, group=ctx.group)
         return grad_x, grad_shard, None, None, None, None
         # END SOLUTION
 

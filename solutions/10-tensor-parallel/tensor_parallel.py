@@ -36,9 +36,10 @@ Conventions the grader relies on:
   with default eps) and ``.mlp``; ``VocabParallelEmbedding.weight`` is
   ``[vocab/t, hidden]``, rows ``r*vocab/t ..``. A size t does not divide raises
   ``ValueError``.
-- Collectives: ``dist.all_reduce``, ``dist.all_gather_into_tensor`` and
-  ``dist.reduce_scatter_tensor``, called as attributes of
-  ``torch.distributed`` (the grader counts them). One tensor-parallel
+- Collectives: ``dist.all_reduce``, ``dist.all_gather_single`` and
+  ``dist.reduce_scatter_single``, called as attributes of
+  ``torch.distributed`` (the grader counts them, and their older names
+  ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` too). One tensor-parallel
   transformer layer makes exactly 2 all-reduces in forward and 2 in backward;
   attention applies f (or the sequence gather) ONCE for q, k and v together,
   as Megatron's fused QKV layer does, so ``q``, ``k`` and ``v`` are built with
@@ -108,20 +109,20 @@ class _GatherFromSequenceParallelRegion(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        # BEGIN SOLUTION: ctx.group = group; out = torch.empty((t * x.shape[0], *x.shape[1:])) like x; dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+        # BEGIN SOLUTION: ctx.group = group; out = torch.empty((t * x.shape[0], *x.shape[1:])) like x; dist.all_gather_single(out, x.contiguous(), group=group)
         ctx.group = group
         t = dist.get_world_size(group)
         out = torch.empty((t * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-        dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+        dist.all_gather_single(out, x.contiguous(), group=group)
         return out
         # END SOLUTION
 
     @staticmethod
     def backward(ctx, grad):
-        # BEGIN SOLUTION: shard = empty of shape (grad.shape[0] // t, *grad.shape[1:]); dist.reduce_scatter_tensor(shard, grad.contiguous(), group=ctx.group); return shard, None
+        # BEGIN SOLUTION: shard = empty of shape (grad.shape[0] // t, *grad.shape[1:]); dist.reduce_scatter_single(shard, grad.contiguous(), group=ctx.group); return shard, None
         t = dist.get_world_size(ctx.group)
         shard = torch.empty((grad.shape[0] // t, *grad.shape[1:]), dtype=grad.dtype, device=grad.device)
-        dist.reduce_scatter_tensor(shard, grad.contiguous(), group=ctx.group)
+        dist.reduce_scatter_single(shard, grad.contiguous(), group=ctx.group)
         return shard, None
         # END SOLUTION
 
@@ -131,21 +132,21 @@ class _ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        # BEGIN SOLUTION: ctx.group = group; shard of shape (x.shape[0] // t, *x.shape[1:]); dist.reduce_scatter_tensor(shard, x.contiguous(), group=group)
+        # BEGIN SOLUTION: ctx.group = group; shard of shape (x.shape[0] // t, *x.shape[1:]); dist.reduce_scatter_single(shard, x.contiguous(), group=group)
         ctx.group = group
         t = dist.get_world_size(group)
         divide(x.shape[0], t, "sequence length")
         shard = torch.empty((x.shape[0] // t, *x.shape[1:]), dtype=x.dtype, device=x.device)
-        dist.reduce_scatter_tensor(shard, x.contiguous(), group=group)
+        dist.reduce_scatter_single(shard, x.contiguous(), group=group)
         return shard
         # END SOLUTION
 
     @staticmethod
     def backward(ctx, grad):
-        # BEGIN SOLUTION: full = empty of shape (t * grad.shape[0], *grad.shape[1:]); dist.all_gather_into_tensor(full, grad.contiguous(), group=ctx.group); return full, None
+        # BEGIN SOLUTION: full = empty of shape (t * grad.shape[0], *grad.shape[1:]); dist.all_gather_single(full, grad.contiguous(), group=ctx.group); return full, None
         t = dist.get_world_size(ctx.group)
         full = torch.empty((t * grad.shape[0], *grad.shape[1:]), dtype=grad.dtype, device=grad.device)
-        dist.all_gather_into_tensor(full, grad.contiguous(), group=ctx.group)
+        dist.all_gather_single(full, grad.contiguous(), group=ctx.group)
         return full, None
         # END SOLUTION
 
@@ -188,7 +189,7 @@ class _GatherLastDim(torch.autograd.Function):
         t = dist.get_world_size(group)
         moved = y.movedim(-1, 0).contiguous()
         out = torch.empty((t * moved.shape[0], *moved.shape[1:]), dtype=y.dtype, device=y.device)
-        dist.all_gather_into_tensor(out, moved, group=group)
+        dist.all_gather_single(out, moved, group=group)
         return out.movedim(0, -1).contiguous()
 
     @staticmethod

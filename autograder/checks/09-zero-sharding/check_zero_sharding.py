@@ -242,9 +242,10 @@ def check_zero3_peak_gathered_bytes(submission, metrics):
             peak, gathers = case["peak_gathered"][rank], case["gathers"][rank]
             metrics[f"n{n}_rank{rank}_peak_bytes"] = peak
             assert gathers >= 2 * len(sizes) * STEPS, (
-                f"on {n} ranks, rank {rank}: {gathers} calls of dist.all_gather_into_tensor in {STEPS} steps, "
+                f"on {n} ranks, rank {rank}: {gathers} calls of dist.all_gather_single in {STEPS} steps, "
                 f"expected at least {2 * len(sizes) * STEPS} (each of {len(sizes)} layers gathered in forward and "
-                "again in backward); gather with dist.all_gather_into_tensor, which the grader watches")
+                "again in backward); gather with dist.all_gather_single (or all_gather_into_tensor), which the grader "
+                "watches")
             assert peak <= limit, (
                 f"on {n} ranks, rank {rank}: up to {peak} bytes of gathered parameters were alive at once; one "
                 f"layer is at most {max(layer_bytes)} bytes and the whole model {sum(layer_bytes)}. Free each "

@@ -20,7 +20,8 @@ decay; SGD with momentum) or ``Zero3Sequential`` (Adam), and records:
 - ZeRO-3: bytes of the unique storages reachable from the wrapper (its
   tensors, modules, containers and objects of the student's module), and the
   peak bytes of gathered parameters alive at once: every output tensor of
-  ``torch.distributed.all_gather_into_tensor`` is tracked with
+  ``torch.distributed.all_gather_single`` (or of its older name
+  ``all_gather_into_tensor``, deprecated in torch 2.13) is tracked with
   ``weakref.finalize`` from the call until it (and every view of it) is freed.
 
 Each rank writes a file per case as soon as it is done, so when a rank raises
@@ -159,28 +160,37 @@ def storage_bytes(root, student_module="zero"):
 
 
 class GatherWatch:
-    """Wraps ``torch.distributed.all_gather_into_tensor``: how many bytes of gathered
-    outputs are alive now, and the most that were alive at once."""
+    """Wraps ``torch.distributed.all_gather_single`` and its older name
+    ``all_gather_into_tensor``: how many bytes of gathered outputs are alive now,
+    and the most that were alive at once. (The old name calls the new one inside
+    ``distributed_c10d``, not through ``torch.distributed``: a call counts once.)"""
+
+    NAMES = ("all_gather_single", "all_gather_into_tensor")
 
     def __init__(self):
         import torch.distributed as tdist
 
-        self.tdist, self.original = tdist, tdist.all_gather_into_tensor
+        self.tdist, self.originals = tdist, {name: getattr(tdist, name) for name in self.NAMES}
         self.live = self.peak = self.calls = self.total = 0
         self.alive = {}  # id of a gathered output still alive -> its bytes
 
     def __enter__(self):
+        for name, original in self.originals.items():
+            setattr(self.tdist, name, self._watch(original))
+        return self
+
+    def _watch(self, original):
         import torch
 
         def watched(output_tensor, input_tensor, *args, **kwargs):
             asynchronous = kwargs.get("async_op", args[1] if len(args) > 1 else False)  # (group, async_op)
             if asynchronous:  # a prefetch: the output is the student's to wait on
-                result = self.original(output_tensor, input_tensor, *args, **kwargs)
+                result = original(output_tensor, input_tensor, *args, **kwargs)
             else:
                 # Gather into a buffer of our own, then copy: c10d may keep a reference to the tensor
                 # it gathered into until its worker thread lets go, and that timing is not the student's.
                 scratch = torch.empty_like(output_tensor)
-                result = self.original(scratch, input_tensor, *args, **kwargs)
+                result = original(scratch, input_tensor, *args, **kwargs)
                 output_tensor.copy_(scratch)
                 del scratch
             nbytes = output_tensor.numel() * output_tensor.element_size()
@@ -192,14 +202,14 @@ class GatherWatch:
                 self.peak = max(self.peak, self.live)
                 weakref.finalize(output_tensor, self._freed, id(output_tensor))
             return result
-        self.tdist.all_gather_into_tensor = watched
-        return self
+        return watched
 
     def _freed(self, key):
         self.live -= self.alive.pop(key)
 
     def __exit__(self, *exc):
-        self.tdist.all_gather_into_tensor = self.original
+        for name, original in self.originals.items():
+            setattr(self.tdist, name, original)
 
 
 def _zero1(student, kind, rank, n):
@@ -254,7 +264,7 @@ def _zero3(student, rank, n):
     full = []
     for shard, size in zip(shards, record["layer_sizes"]):
         gathered = torch.empty(shard.numel() * n, dtype=shard.dtype)
-        tdist.all_gather_into_tensor(gathered, shard.detach().contiguous())
+        tdist.all_gather_single(gathered, shard.detach().contiguous())
         full.append(gathered[:size])
     record["params"] = torch.cat(full).numpy().copy()
     return record

@@ -3,8 +3,9 @@
 ``cases_job(t)`` runs every case on ``t`` ranks in one ``course.dist`` job
 (starting torch processes is the slow part). Before the student's module is
 imported, ``CollectiveLog`` wraps the collectives of ``torch.distributed``
-(all_reduce, all_gather_into_tensor, reduce_scatter_tensor, all_gather,
-reduce_scatter, broadcast) to record ``(kind, elements, phase)`` for every
+(all_reduce, all_gather_single, reduce_scatter_single, their older names
+all_gather_into_tensor and reduce_scatter_tensor, all_gather, reduce_scatter,
+broadcast) to record ``(kind, elements, phase)`` for every
 call made while the harness runs a forward or a backward pass.
 
 Each case builds, on every rank from a fixed seed, a dense float64 model out
@@ -47,10 +48,13 @@ MODULES = ("column", "column_gather", "row", "row_whole_input", "mlp", "mlp_sp",
            "attention_full", "layer_tp", "layer_sp", "embedding")
 CASES = OPERATORS + MODULES + ("cross_entropy", "heads_indivisible", "linear_indivisible")
 
-COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_gather", "reduce_scatter",
-               "broadcast")
-KIND = {"all_reduce": "all-reduce", "broadcast": "broadcast", "all_gather_into_tensor": "all-gather",
-        "all_gather": "all-gather", "reduce_scatter_tensor": "reduce-scatter", "reduce_scatter": "reduce-scatter"}
+# The old names (deprecated in torch 2.13) call the new ones inside distributed_c10d, not through
+# torch.distributed, where these are wrapped: each call is recorded once, under either name.
+COLLECTIVES = ("all_reduce", "all_gather_single", "all_gather_into_tensor", "reduce_scatter_single",
+               "reduce_scatter_tensor", "all_gather", "reduce_scatter", "broadcast")
+KIND = {"all_reduce": "all-reduce", "broadcast": "broadcast", "all_gather_single": "all-gather",
+        "all_gather_into_tensor": "all-gather", "all_gather": "all-gather", "reduce_scatter_single": "reduce-scatter",
+        "reduce_scatter_tensor": "reduce-scatter", "reduce_scatter": "reduce-scatter"}
 
 
 # --- the collective recorder ----------------------------------------------------------------
@@ -60,9 +64,9 @@ def _elements(op, bound):
     a = bound.arguments
     if op in ("all_reduce", "broadcast"):
         return a["tensor"].numel()
-    if op == "all_gather_into_tensor":
+    if op in ("all_gather_single", "all_gather_into_tensor"):
         return a["output_tensor"].numel()
-    if op == "reduce_scatter_tensor":
+    if op in ("reduce_scatter_single", "reduce_scatter_tensor"):
         return a["input"].numel()
     if op == "all_gather":
         return sum(t.numel() for t in a["tensor_list"])
