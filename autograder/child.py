@@ -17,6 +17,7 @@ import traceback
 
 from autograder import codec
 from autograder.reaper import drop_privileges
+from course import refuse
 
 
 def _load(target: dict, submission: str):
@@ -74,6 +75,7 @@ def main() -> None:
         sys.setswitchinterval(1e-4)
         threading.stack_size(2 * 2**20)
     os.chdir(tempfile.mkdtemp(prefix="k2c-run-"))
+    refuse.install_from_env()  # what the lab asks students to build, refused before their code loads
     reply = run(request)
     try:
         payload = codec.encode(reply)

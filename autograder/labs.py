@@ -20,6 +20,8 @@ class Lab:
     files: tuple[str, ...]  # the modules the student completes
     timeout_s: float  # per call into student code
     memory_mb: int
+    refuse: tuple[str, ...] = ()  # library code the lab asks students to build themselves (course.refuse)
+    refuse_why: str = ""
 
     @property
     def number(self) -> str:
@@ -42,7 +44,8 @@ def all_labs() -> list[Lab]:
     for meta in sorted(CHECKS_ROOT.glob("*/lab.toml")):
         data = tomllib.loads(meta.read_text())
         labs.append(Lab(meta.parent.name, data["title"], tuple(data["files"]),
-                        float(data.get("timeout_s", 60)), int(data.get("memory_mb", 4096))))
+                        float(data.get("timeout_s", 60)), int(data.get("memory_mb", 4096)),
+                        tuple(data.get("refuse", ())), data.get("refuse_why", "")))
     return labs
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from autograder.labs import Lab, UsageError, locate_submission
 from autograder.plugin import CheckResult, GradingPlugin
 from autograder.sandbox import Limits
 from autograder.submission import Submission
+from course import refuse
 from course.tier import current_tier
 
 
@@ -48,8 +50,10 @@ def resolve_tier(requested: str) -> str:
     return requested
 
 
-def child_environment(tier: str) -> dict[str, str]:
+def child_environment(tier: str, lab: Lab | None = None) -> dict[str, str]:
     env = {"K2C_TIER": tier}
+    if lab and lab.refuse:
+        env[refuse.ENV] = json.dumps({"names": list(lab.refuse), "why": lab.refuse_why})
     if tier == "cpu":
         env["NUMBA_ENABLE_CUDASIM"] = "1"
         # Races must have threads to race with, even on a small machine.
@@ -70,7 +74,7 @@ def grade(lab: Lab, submission_root: Path, tier: str, timeout_s: float | None = 
         raise UsageError(str(exc)) from None
     limits = Limits(timeout_s=timeout_s or lab.timeout_s, memory_mb=lab.memory_mb,
                     address_space=(tier == "cpu"), devices=(tier == "gpu"))
-    submission = Submission(folder, lab.checks_dir / "harness.py", tier, limits, child_environment(tier))
+    submission = Submission(folder, lab.checks_dir / "harness.py", tier, limits, child_environment(tier, lab))
     plugin = GradingPlugin(submission, tier, missing, on_result)
     args = [str(lab.checks_dir), "-c", os.devnull, "--rootdir", str(lab.checks_dir),
             "-o", "python_files=check_*.py", "-o", "python_functions=check_*",

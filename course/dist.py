@@ -135,6 +135,9 @@ def init(backend: str = "auto", timeout: float = 600):
 # -- the worker side: python -m course.dist FOLDER --------------------------------------
 
 def _worker_main(folder: str) -> None:
+    from course import refuse
+
+    refuse.install_from_env()  # before torch: a refused object is replaced as its module loads
     import torch
     import torch.distributed as tdist
 

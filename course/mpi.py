@@ -92,8 +92,10 @@ def _launch(module_args, n, timeout, request) -> MPIJob:
 # -- the rank side: python -m course.mpi {call|script} FOLDER ---------------------------
 
 def _rank_main(mode: str, folder: str) -> None:
+    from course import refuse
     from mpi4py import MPI
 
+    refuse.install_from_env()
     comm = MPI.COMM_WORLD
     request = pickle.loads((Path(folder) / "request.pkl").read_bytes())
     reply = Path(folder) / f"rank-{comm.rank}.pkl"

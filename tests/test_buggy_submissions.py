@@ -29,3 +29,4 @@ def test_bug_is_caught(bug, make_submission):
     for test in lost.values():
         assert test["points"] == 0 and test["feedback"], test
         assert "Traceback" not in test["feedback"]
+        assert bug.says in test["feedback"], test
