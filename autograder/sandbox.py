@@ -16,6 +16,7 @@ import os
 import resource
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -27,8 +28,16 @@ from autograder import codec, isolation
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 FILE_SIZE_LIMIT = 2**30  # no file the call writes, its printed output included, grows past 1 GiB
-# What a submission's copy leaves out: version control, caches, notebooks' checkpoints.
-_NOT_COPIED = shutil.ignore_patterns(".git", "__pycache__", ".ipynb_checkpoints", ".venv", "*.pyc")
+_CLUTTER = shutil.ignore_patterns(".git", "__pycache__", ".ipynb_checkpoints", ".venv", "*.pyc")
+
+
+def _not_copied(folder, names):
+    """What a submission's copy leaves out: version control, caches, notebooks' checkpoints,
+    and anything but files, folders and links (copying a FIFO would wait forever)."""
+    def plain(name):
+        mode = os.lstat(os.path.join(folder, name)).st_mode
+        return stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)
+    return set(_CLUTTER(folder, names)) | {name for name in names if not plain(name)}
 
 
 @dataclass(frozen=True)
@@ -130,7 +139,7 @@ def _stage(submission: str, folder: str) -> str:
     Links are copied as links, never followed: a link cannot make the grader
     copy a file the student could not read."""
     copy = os.path.join(folder, "submission")
-    shutil.copytree(submission, copy, symlinks=True, ignore=_NOT_COPIED)
+    shutil.copytree(submission, copy, symlinks=True, ignore=_not_copied)
     for root, _, files in os.walk(copy):
         os.chmod(root, 0o755)
         for name in files:

@@ -106,6 +106,12 @@ def attack_through(launcher, *args):
     from course import dist
     return dist.run("hostile:attack", 2, *args, timeout=60).check().results
 
+def read_beside_me(name):
+    try:
+        return open(os.path.join(os.path.dirname(__file__), name)).read()
+    except OSError as exc:
+        return type(exc).__name__
+
 def strays_then(how):
     """Leave daemons behind, then end the call in one of the ways a call ends."""
     for _ in range(5):
@@ -217,6 +223,18 @@ def test_nothing_outlives_a_call_however_it_ends(hostile, our_processes, how, st
                   limits=Limits(timeout_s=3, memory_mb=400, address_space=False))
     assert out.status == status, (out.status, out.message)
     assert our_processes() == []
+
+
+def test_links_and_fifos_in_a_submission_leak_nothing_and_hang_nothing(bubblewrap, hostile, tmp_path):
+    secret = tmp_path / "secret.txt"  # the grader's, readable by root only
+    secret.write_text("s3cret")
+    secret.chmod(0o600)
+    folder = tmp_path / "submission"
+    (folder / "leak").symlink_to(secret)
+    os.mkfifo(folder / "pipe")  # copying it as a file would wait forever for a writer
+    out = hostile("read_beside_me", "leak", limits=Limits(timeout_s=20))
+    assert out.status == "ok" and out.value != "s3cret", out
+    assert out.value in ("FileNotFoundError", "PermissionError")
 
 
 def test_a_daemon_cannot_forge_the_results_after_the_grader_exits(bubblewrap, tmp_path, our_processes):
