@@ -76,6 +76,75 @@ def unstubbed(kernel):
     return kernel
 
 
+def compile_kernels(module_name: str, signatures: dict) -> dict:
+    """Compile a submission's kernels ``{name: signature}`` for every real target
+    (``course.gpu_compile``): ``{"kernels": {name: {"sm_90": result, ...}}}``, a
+    stub's ``{"not_implemented": hint}``, or ``{"unavailable": why}``. Runs in a
+    sandboxed call with the simulator off (``Submission.compiling()``)."""
+    import importlib
+
+    from course import gpu_compile
+
+    why = gpu_compile.unavailable()
+    if why:
+        return {"unavailable": why}
+    module = importlib.import_module(module_name)
+    kernels = {}
+    for name, signature in signatures.items():
+        try:
+            kernel = unstubbed(getattr(module, name))
+        except NotImplementedError as exc:
+            kernels[name] = {"not_implemented": str(exc)}
+            continue
+        kernels[name] = {f"sm_{cc[0]}{cc[1]}": gpu_compile.compile_kernel(kernel, signature, cc)
+                         for cc in gpu_compile.TARGETS}
+    return {"kernels": kernels}
+
+
+def compiled_kernels(submission, module_name: str, signatures: dict) -> dict:
+    """``compile_kernels`` for a submission's module, once per grading run, in a
+    sandboxed call with the simulator off."""
+    return submission.once(("compiled", module_name), lambda: submission.compiling().call(
+        "autograder.checking.compile_kernels", module_name, signatures))
+
+
+def require_compiles(submission, module_name: str, signatures: dict, kernel: str) -> None:
+    """A kernel no GPU would compile loses the points of every check that launches it."""
+    failure = compile_failure(compiled_kernels(submission, module_name, signatures), kernel)
+    assert not failure, failure
+
+
+def compile_failure(compiled: dict, name: str) -> str:
+    """Why kernel ``name`` does not compile for a GPU (``compile_kernels``' answer);
+    "" when it does, is still a stub, or this machine cannot compile."""
+    for target, outcome in compiled.get("kernels", {}).get(name, {}).items():
+        if isinstance(outcome, dict) and not outcome.get("ok", True):
+            return (f"{name} does not compile for a GPU ({target}): {outcome['error']}. The simulator runs "
+                    "kernels as Python, so it worked there; a GPU would refuse it")
+    return ""
+
+
+def expect_compiled(compiled: dict, name: str, metrics: dict | None = None) -> None:
+    """Assert kernel ``name`` compiled for every target; ptxas's registers, shared
+    memory and spills per target go into ``metrics``. Skips, with the reason,
+    where this machine cannot compile."""
+    import pytest
+
+    from autograder.submission import not_implemented_yet
+
+    if "unavailable" in compiled:
+        pytest.skip(f"cannot compile for a GPU here: {compiled['unavailable']}")
+    result = compiled["kernels"][name]
+    if "not_implemented" in result:
+        raise not_implemented_yet(result["not_implemented"])
+    failure = compile_failure(compiled, name)
+    if failure:
+        raise AssertionError(failure)
+    if metrics is not None:
+        for target, outcome in result.items():
+            metrics[target] = {k: outcome[k] for k in ("registers", "shared_bytes", "spill_bytes", "seconds")}
+
+
 def run_cases(start_job, cases, ranks, merge, *, stem=str, name=str, explain=None, after_hang=None) -> dict:
     """``{name(case): outcome}`` for every case, on ``ranks`` processes, in as few jobs as it can.
 

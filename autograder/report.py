@@ -14,6 +14,15 @@ def _pts(x: float) -> str:
     return f"{x:g}"
 
 
+def _metrics(metrics: dict) -> str:
+    """``sm_80: registers 18, shared_bytes 0; sm_90: ...`` for nested dicts, ``k v, ...`` for flat ones."""
+    def flat(d):
+        return ", ".join(f"{k} {v}" for k, v in d.items())
+    if all(isinstance(v, dict) for v in metrics.values()):
+        return "; ".join(f"{k}: {flat(v)}" for k, v in metrics.items())
+    return flat(metrics)
+
+
 def _isolation(r: LabResult) -> str:
     return f"{r.isolation.get('layer', '?')}, as {r.isolation.get('user', '?')}"
 
@@ -28,6 +37,9 @@ def text(results: list[LabResult]) -> str:
         for c in r.checks:
             pts = "-" if c.status == "skipped" else f"{_pts(c.points)}/{_pts(c.max_points)}"
             lines.append(f"  {pts:>7}  {c.status:<8} {c.title}")
+            if c.metrics and not c.feedback:  # what a passing check measured (ptxas's registers, ratios)
+                lines.extend(" " * 19 + w for w in textwrap.wrap("measured: " + _metrics(c.metrics), 96,
+                                                                  subsequent_indent="    "))
             if c.feedback:
                 for para in c.feedback.splitlines()[:8]:
                     wrapped = textwrap.wrap(para, 96, initial_indent="→ " if para == c.feedback.splitlines()[0] else "  ",

@@ -82,6 +82,7 @@ class Submission:
         self.limits = limits
         self.env = env
         self._simulated: Submission | None = None
+        self._compiling: Submission | None = None
         self._once: dict = {}
 
     def in_simulator(self) -> "Submission":
@@ -93,19 +94,32 @@ class Submission:
                                          dict(self.env, NUMBA_ENABLE_CUDASIM="1"))
         return self._simulated
 
-    def harness_once(self, key, func: str, *args):
-        """``harness(func, *args)``, run once per grading run for ``key``: several
-        checks that read one expensive run (an MPI job, a simulated launch) share
-        its value, or see the same error."""
+    def compiling(self) -> "Submission":
+        """The same submission with the simulator off, whatever the tier: for calls
+        that compile its kernels for a real GPU (``autograder.checking.compile_kernels``),
+        which needs no GPU but must not run in the simulator."""
+        if self._compiling is None:
+            self._compiling = Submission(self.path, self.harness_path, self.tier, self.limits,
+                                         dict(self.env, NUMBA_ENABLE_CUDASIM="0"))
+        return self._compiling
+
+    def once(self, key, compute):
+        """``compute()``, run once per grading run for ``key``: several checks that
+        read one expensive run (an MPI job, a simulated launch, a compile) share its
+        value, or see the same error."""
         if key not in self._once:
             try:
-                self._once[key] = (True, self.harness(func, *args))
+                self._once[key] = (True, compute())
             except SubmissionError as exc:
                 self._once[key] = (False, exc)
         ok, value = self._once[key]
         if not ok:
             raise value
         return value
+
+    def harness_once(self, key, func: str, *args):
+        """``harness(func, *args)``, once per grading run for ``key`` (see ``once``)."""
+        return self.once(key, lambda: self.harness(func, *args))
 
     def call(self, dotted_name: str, *args, **kwargs):
         module, func = dotted_name.rsplit(".", 1)

@@ -47,5 +47,10 @@ def test_environment_yml_agrees_with_pyproject():
         if isinstance(dep, str) and not dep.startswith(("python=", "pip")):
             name, spec = _name_and_spec(dep)
             conda_side[CONDA_TO_PYPI.get(name, name)] = spec
+        elif isinstance(dep, dict):  # what conda takes from PyPI
+            for req in dep["pip"]:
+                if not req.startswith("--"):
+                    name, spec = _name_and_spec(req)
+                    conda_side[name] = spec
     assert conda_side == pip_side
     assert "conda-forge" in env["channels"]

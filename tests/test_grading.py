@@ -73,10 +73,10 @@ def test_report_formats(tmp_path):
     gs_file, junit_file = tmp_path / "results.json", tmp_path / "junit.xml"
     proc = k2c("grade", "02", "--submission", REPO / "solutions", "--format", "gradescope", "-o", gs_file)
     assert proc.returncode == 0, proc.stderr
-    assert "Score: 22/22" in proc.stdout  # with -o the text table still goes to stdout
+    assert "Score: 25/25" in proc.stdout  # with -o the text table still goes to stdout
     gs = json.loads(gs_file.read_text())
     assert {"score", "execution_time", "output", "tests"} <= gs.keys()
-    assert gs["score"] == sum(t["score"] for t in gs["tests"]) == 22
+    assert gs["score"] == sum(t["score"] for t in gs["tests"]) == 25
     for test in gs["tests"]:
         assert {"name", "score", "max_score", "output", "visibility"} <= test.keys()
     assert any(t["max_score"] == 0 and "GPU tier" in t["output"] for t in gs["tests"])

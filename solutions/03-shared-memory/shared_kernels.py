@@ -94,7 +94,8 @@ def scan_block_kernel(out, block_sums, x):
     temp = cuda.shared.array(SCAN_SPAN, dtype=int32)
     tid = cuda.threadIdx.x
     base = cuda.blockIdx.x * SCAN_SPAN
-    for i in (tid, tid + THREADS):
+    for half in range(2):  # a range, not a tuple: a GPU kernel cannot loop over (int32, int64)
+        i = tid + half * THREADS
         temp[i] = x[base + i] if base + i < x.size else 0
     offset = 1
     active = THREADS
@@ -121,7 +122,8 @@ def scan_block_kernel(out, block_sums, x):
             temp[right] += carried
         active *= 2
     cuda.syncthreads()
-    for i in (tid, tid + THREADS):
+    for half in range(2):
+        i = tid + half * THREADS
         if base + i < out.size:
             out[base + i] = temp[i]
     # END SOLUTION

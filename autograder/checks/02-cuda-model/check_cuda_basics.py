@@ -7,14 +7,29 @@ bandwidth as a ratio of a device-to-device copy measured in the same run.
 import numpy as np
 import pytest
 
-from autograder.checking import by_tier, expect_array
+from autograder.checking import by_tier, compiled_kernels, expect_array, expect_compiled, require_compiles
 
 SEED = 2026
 BANDWIDTH_RATIO_TO_PASS = 0.6  # saxpy's effective bandwidth / device copy bandwidth
+# The kernels as the harness launches them: float32 arrays of any layout.
+SIGNATURES = {"relu_kernel": "void(float32[:], float32[:])",
+              "saxpy_kernel": "void(float32[:], float32, float32[:], float32[:])",
+              "broadcast_add_kernel": "void(float32[:, :], float32[:], float32[:])"}
 
 
 def _floats(n, seed=SEED):
     return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+
+
+def _require_compiles(submission, kernel):
+    require_compiles(submission, "cuda_basics", SIGNATURES, kernel)
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("kernel", SIGNATURES)
+def check_compiles_for_a_gpu(submission, kernel, metrics):
+    """compiles for sm_80 and sm_90 with numba's CUDA compiler (registers and shared memory from ptxas)"""
+    expect_compiled(compiled_kernels(submission, "cuda_basics", SIGNATURES), kernel, metrics)
 
 
 def _expect_launch(result, n_or_shape, want, what):
@@ -53,6 +68,7 @@ def check_launch_config(submission):
 @pytest.mark.points(2)
 def check_relu_every_element(submission, tier):
     """relu_kernel writes every element (size a multiple of the block)"""
+    _require_compiles(submission, "relu_kernel")
     n = by_tier(tier, cpu=1024, gpu=1 << 24)
     x = _floats(n)
     result = submission.harness("relu_1d", x, 128)
@@ -62,6 +78,7 @@ def check_relu_every_element(submission, tier):
 @pytest.mark.points(2)
 def check_relu_guard(submission, tier):
     """relu_kernel guards the last, partial block (size not a multiple of the block)"""
+    _require_compiles(submission, "relu_kernel")
     n = by_tier(tier, cpu=1001, gpu=10_000_019)
     x = _floats(n, SEED + 1)
     result = submission.harness("relu_1d", x, 128)
@@ -71,6 +88,7 @@ def check_relu_guard(submission, tier):
 @pytest.mark.points(3)
 def check_saxpy_kernel(submission, tier):
     """saxpy_kernel computes a*x + y for every element, with a guard"""
+    _require_compiles(submission, "saxpy_kernel")
     n = by_tier(tier, cpu=999, gpu=10_000_019)
     x, y = _floats(n, SEED + 2), _floats(n, SEED + 3)
     result = submission.harness("saxpy_1d", 2.5, x, y, 64)
@@ -81,6 +99,7 @@ def check_saxpy_kernel(submission, tier):
 @pytest.mark.parametrize("block", [(16, 16), (32, 4)], ids=["block 16x16", "block 32x4"])
 def check_broadcast_add_kernel(submission, tier, block):
     """broadcast_add_kernel fills a non-square table, x along columns"""
+    _require_compiles(submission, "broadcast_add_kernel")
     rows, cols = by_tier(tier, cpu=(37, 53), gpu=(4099, 4101))
     col, row = _floats(rows, SEED + 4), _floats(cols, SEED + 5)
     result = submission.harness("broadcast_add_2d", col, row, block)
@@ -124,6 +143,7 @@ def check_each_thread_writes_its_own_element(submission, kernel):
     """the thread with global index i writes out[i], and no thread writes another's (seen in the simulator)"""
     n, x = 300, _floats(300, SEED + 11)
     inputs = (x,) if kernel == "relu_kernel" else (2.0, x, _floats(300, SEED + 12))
+    _require_compiles(submission, kernel)
     result = submission.in_simulator().harness("thread_writes", kernel, n, 64, *inputs)
     _expect_own_elements(result, kernel, lambda gx, gy: (0, gx), one_d=True)
 
@@ -131,6 +151,7 @@ def check_each_thread_writes_its_own_element(submission, kernel):
 @pytest.mark.points(2)
 def check_broadcast_add_thread_mapping(submission):
     """broadcast_add_kernel: the thread at global (x, y) writes out[y, x], x along columns (seen in the simulator)"""
+    _require_compiles(submission, "broadcast_add_kernel")
     col, row = _floats(13, SEED + 13), _floats(21, SEED + 14)
     result = submission.in_simulator().harness("thread_writes", "broadcast_add_kernel", (13, 21), (8, 4), col, row)
     _expect_own_elements(result, "broadcast_add_kernel", lambda gx, gy: (gy, gx), one_d=False)
@@ -139,6 +160,7 @@ def check_broadcast_add_thread_mapping(submission):
 @pytest.mark.points(1)
 def check_host_relu(submission, tier):
     """relu() copies in, launches with launch_config and copies the result back"""
+    _require_compiles(submission, "relu_kernel")
     n = by_tier(tier, cpu=777, gpu=10_000_019)
     x = _floats(n, SEED + 6)
     expect_array(submission.harness("host_relu", x, 64), np.maximum(x, 0), "relu(x)")
@@ -147,6 +169,7 @@ def check_host_relu(submission, tier):
 @pytest.mark.points(1)
 def check_host_saxpy(submission, tier):
     """saxpy() returns a*x + y as a NumPy array"""
+    _require_compiles(submission, "saxpy_kernel")
     n = by_tier(tier, cpu=555, gpu=10_000_019)
     x, y = _floats(n, SEED + 7), _floats(n, SEED + 8)
     expect_array(submission.harness("host_saxpy", -1.5, x, y, 128), np.float32(-1.5) * x + y,
@@ -156,6 +179,7 @@ def check_host_saxpy(submission, tier):
 @pytest.mark.points(1)
 def check_host_broadcast_add(submission, tier):
     """broadcast_add() returns the (col.size, row.size) table"""
+    _require_compiles(submission, "broadcast_add_kernel")
     rows, cols = by_tier(tier, cpu=(19, 45), gpu=(3001, 2999))
     col, row = _floats(rows, SEED + 9), _floats(cols, SEED + 10)
     expect_array(submission.harness("host_broadcast_add", col, row, (16, 8)), col[:, None] + row[None, :],

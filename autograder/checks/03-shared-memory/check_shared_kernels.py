@@ -13,7 +13,8 @@ import math
 import numpy as np
 import pytest
 
-from autograder.checking import INT_POISON, by_tier, expect_array
+from autograder.checking import (INT_POISON, by_tier, compiled_kernels, expect_array, expect_compiled,
+                                 require_compiles)
 
 SEED = 2026
 CANARY = 64
@@ -44,8 +45,27 @@ CASES = {
 }
 
 
+# The kernels as the harness launches them, and which kernel each of CASES launches.
+SIGNATURES = {"block_sum_kernel": "void(float32[:], float32[:])",
+              "scan_block_kernel": "void(int32[:], int32[:], int32[:])",
+              "add_offsets_kernel": "void(int32[:], int32[:])",
+              "tiled_matmul_kernel": "void(float32[:, :], float32[:, :], float32[:, :])",
+              "histogram_kernel": "void(int32[:], int32[:])"}
+KERNEL_OF = {"reduce": "block_sum_kernel", "scan": "scan_block_kernel", "matmul": "tiled_matmul_kernel",
+             "histogram": "histogram_kernel"}
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("kernel", SIGNATURES)
+def check_compiles_for_a_gpu(submission, kernel, metrics):
+    """compiles for sm_80 and sm_90 with numba's CUDA compiler (registers and shared memory from ptxas)"""
+    expect_compiled(compiled_kernels(submission, "shared_kernels", SIGNATURES), kernel, metrics)
+
+
 def simulated(submission, case):
-    """Run one of CASES in the simulator with the audit on (whatever the tier), once per grading run."""
+    """Run one of CASES in the simulator with the audit on (whatever the tier), once per grading run.
+    A kernel no GPU would compile loses the points of every check that launches it."""
+    require_compiles(submission, "shared_kernels", SIGNATURES, KERNEL_OF[case.split(",")[0]])
     sim = submission if submission.tier == "cpu" else submission.in_simulator()
     return sim.harness_once(case, *CASES[case]())
 

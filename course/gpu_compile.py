@@ -1,0 +1,205 @@
+"""Compile numba kernels for real GPUs on a machine without one.
+
+numba's CUDA simulator runs a kernel as Python, so lists, ``np.zeros``, plain
+Python helpers and shared arrays of a size known only at run time all "work"
+there and fail on a device. This module compiles each kernel with numba-cuda's
+real compiler (NVVM, from PyPI's CUDA 12 wheels) for sm_80 and sm_90, then
+assembles the PTX with ``ptxas -v`` for what the hardware will see: registers
+per thread, shared memory per block, bytes spilled to local memory. No GPU and
+no driver are needed; it must run in a process where the simulator is off
+(``NUMBA_ENABLE_CUDASIM`` is read when ``numba.cuda`` is first imported).
+
+    from course import gpu_compile
+    gpu_compile.compile_kernel(saxpy_kernel, "void(float32[:], float32, float32[:], float32[:])", (9, 0))
+    # {"ok": True, "registers": 10, "shared_bytes": 0, "spill_bytes": 0, "seconds": 0.05, ...}
+
+Compiling a kernel that calls a ``@cuda.jit(device=True)`` function asks the
+driver for the current device's compute capability; ``_fixed_device`` answers
+instead, for the target being compiled. That touches numba-cuda's internals,
+so it is pinned to the version it was written for (``WRITTEN_FOR``), and
+``unavailable()`` says so on any other.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import re
+import subprocess
+import tempfile
+import time
+
+TARGETS = ((8, 0), (9, 0))
+WRITTEN_FOR = "0.30.4"  # numba-cuda: the version whose device lookup _fixed_device replaces
+INSTALL = ("pip install 'numba-cuda==0.30.4' 'cuda-bindings==12.9.*' 'nvidia-cuda-nvcc-cu12==12.9.86' "
+           "'nvidia-cuda-nvrtc-cu12==12.9.86' 'nvidia-cuda-runtime-cu12==12.9.79'")
+
+
+def ptxas() -> str | None:
+    """``ptxas`` from the ``nvidia-cuda-nvcc-cu12`` wheel, else from PATH."""
+    try:
+        import nvidia.cuda_nvcc as nvcc
+
+        folder = next(iter(nvcc.__path__))
+        candidate = os.path.join(folder, "bin", "ptxas")
+        if os.path.exists(candidate):
+            return candidate
+    except ImportError:
+        pass
+    import shutil
+
+    return shutil.which("ptxas")
+
+
+def unavailable() -> str:
+    """Why kernels cannot be compiled here ("" when they can)."""
+    from importlib import metadata
+
+    from numba import config
+
+    if config.ENABLE_CUDASIM:
+        return "numba's CUDA simulator is on in this process; compile in a process of its own (NUMBA_ENABLE_CUDASIM=0)"
+    try:
+        version = metadata.version("numba-cuda")
+    except metadata.PackageNotFoundError:
+        return f"numba-cuda is not installed ({INSTALL})"
+    if version != WRITTEN_FOR:
+        return f"the compile step was written for numba-cuda {WRITTEN_FOR}, and this is {version}"
+    try:
+        from numba.cuda.cudadrv import nvvm
+
+        nvvm.NVVM()
+    except Exception as exc:  # noqa: BLE001 - whatever stops NVVM loading is the reason
+        return f"no CUDA compiler (NVVM) here: {str(exc).strip().splitlines()[0]}; install it with {INSTALL}"
+    if not ptxas():
+        return f"no ptxas here; install it with {INSTALL}"
+    return ""
+
+
+class _Device:
+    """What the compiler asks of the current device, for a machine that has none."""
+
+    def __init__(self, cc):
+        self.compute_capability = tuple(cc)
+        self.name = f"sm_{cc[0]}{cc[1]} (compiled without a device)"
+
+
+@contextlib.contextmanager
+def _fixed_device(cc):
+    from numba.cuda import compiler, dispatcher
+    from numba.cuda.memory_management import nrt
+
+    modules = (compiler, dispatcher, nrt)
+    saved = [m.get_current_device for m in modules]
+    for m in modules:
+        m.get_current_device = lambda: _Device(cc)
+    try:
+        yield
+    finally:
+        for m, original in zip(modules, saved):
+            m.get_current_device = original
+
+
+_RESOURCES = {"registers": r"Used (\d+) registers", "shared_bytes": r"(\d+) bytes smem",
+              "spill_bytes": r"(\d+) bytes spill stores", "stack_bytes": r"(\d+) bytes stack frame"}
+
+
+def resources(ptx: str, cc) -> dict:
+    """``ptxas -v`` on ``ptx`` for ``cc``: registers, shared memory, spills and stack of its kernel."""
+    with tempfile.TemporaryDirectory(prefix="k2c-ptxas-") as folder:
+        source = os.path.join(folder, "kernel.ptx")
+        with open(source, "w") as f:
+            f.write(ptx)
+        done = subprocess.run([ptxas(), "-v", f"-arch=sm_{cc[0]}{cc[1]}", source, "-o", os.devnull],
+                              capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise RuntimeError(f"ptxas rejected the PTX: {done.stderr.strip()[:500]}")
+    found = {}
+    for key, pattern in _RESOURCES.items():
+        match = re.search(pattern, done.stderr)
+        found[key] = int(match.group(1)) if match else 0
+    return found
+
+
+# The compiler's words for mistakes the simulator lets through, and what to do instead.
+_ALLOCATING = r"(zeros|empty|ones|full|array|asarray|ascontiguousarray|arange|linspace|copy|\w+_like)"
+_ADVICE = [
+    (rf"Use of unsupported NumPy function 'numpy\.(\w+)'|Function\(<built-in function {_ALLOCATING}>\)",
+     "np.{0} is not available inside a CUDA kernel: allocate arrays on the host, pass them in, and compute "
+     "each element with scalar arithmetic"),
+    (r"NRT required|_ol_array_allocate",
+     "this creates a new array inside the kernel ({0}), which a GPU kernel cannot do: allocate it on the host "
+     "and pass it in, and compute each element with scalar arithmetic"),
+    (r"Untyped global name '(\w+)': Cannot determine Numba type of <class 'function'>",
+     "{0} is a plain Python function: mark it @cuda.jit(device=True) to call it from a kernel"),
+    (r"Unknown attribute '(append|extend|pop|insert)' of type list|Cannot type empty list|reflected list|"
+     r"list\(undefined\)",
+     "Python lists are not available inside a CUDA kernel: use an array passed in, or cuda.local.array "
+     "with a constant size"),
+    (r"Function\(<function (?:shared|local)\.array|shape must be|must be a constant",
+     "cuda.shared.array and cuda.local.array need a size fixed when the kernel compiles (a module-level "
+     "constant), not one computed from the arguments"),
+    (r"No conversion from \w+ to none for '\$\w*return_value|must have void return type",
+     "a kernel cannot return a value: write the result into an output array"),
+    (r"No implementation of function Function\(<(?:built-in )?function (\w+)",
+     "{0}(...) has no CUDA version for these arguments: inside a kernel, use scalar arithmetic, math functions "
+     "and cuda.* calls, one element at a time"),
+    (r"Untyped global name '(\w+)'",
+     "{0} is a Python object the CUDA compiler cannot use inside a kernel: pass it in as an argument, or make "
+     "it a module-level constant of a number"),
+]
+
+
+def _student_line(message: str) -> str:
+    """``line N: code`` of the user's source the compiler points at (its caret), if it says."""
+    found = ""
+    for match in re.finditer(r'File "([^"]+)", line (\d+):\n((?:.*\n)*?)\s*\^', message):
+        if "site-packages" in match.group(1):
+            continue
+        code = [line.strip() for line in match.group(3).splitlines() if line.strip() and "<source" not in line]
+        found = f"line {match.group(2)}: {code[-1]}" if code else f"line {match.group(2)}"
+    return found
+
+
+def explain(message: str, source: str = "") -> str:
+    """The compiler's complaint in a student's words, and the line it points at.
+    ``source`` (the kernel's) names what allocated when the compiler does not."""
+    where = _student_line(message)
+    for pattern, advice in _ADVICE:
+        match = re.search(pattern, message)
+        if match:
+            names = [g for g in match.groups() if g]
+            if not names:  # the compiler did not say which call allocated: the kernel's source does
+                used = sorted(set(re.findall(rf"\bnp\.{_ALLOCATING}\(", source)))
+                names = [", ".join(f"np.{n}" for n in used) or "np.zeros, np.asarray and the like"]
+            text = advice.format(*names)
+            break
+    else:
+        lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+        text = "the CUDA compiler refused it: " + (" / ".join(lines[:2])[:300] if lines else "no message")
+    return text + (f" ({where})" if where else "")
+
+
+def _source(func) -> str:
+    try:
+        import inspect
+
+        return inspect.getsource(func)
+    except (OSError, TypeError):
+        return ""
+
+
+def compile_kernel(kernel, signature: str, cc) -> dict:
+    """Compile ``kernel`` (a ``@cuda.jit`` function) for ``cc``; what ptxas says of it, or why it failed."""
+    from numba import cuda
+
+    func = getattr(kernel, "py_func", kernel)
+    start = time.monotonic()
+    try:
+        with _fixed_device(cc):
+            ptx, _ = cuda.compile_ptx(func, signature, cc=tuple(cc))
+        found = resources(ptx, cc)
+    except Exception as exc:  # noqa: BLE001 - a compile error is the answer, reported as data
+        return {"ok": False, "error": explain(str(exc), _source(func)), "compiler": str(exc).strip()[:1500],
+                "seconds": round(time.monotonic() - start, 3)}
+    return {"ok": True, **found, "ptx_bytes": len(ptx), "seconds": round(time.monotonic() - start, 3)}

@@ -1,0 +1,90 @@
+"""course.gpu_compile: kernels compiled for real GPUs with no GPU here, and the
+compiler's complaints about simulator-only Python put in a student's words."""
+import json
+import os
+import subprocess
+import sys
+
+from conftest import REPO
+
+KERNELS = r'''
+import json, sys
+import numpy as np
+from numba import cuda
+from course import gpu_compile
+
+@cuda.jit(device=True)
+def twice(a):
+    return a * 2.0
+
+def plain(a):
+    return a * 2.0
+
+def with_device_function(out, x):  # needs the fixed device: the compiler asks the driver for its capability
+    i = cuda.grid(1)
+    if i < x.size:
+        out[i] = twice(x[i])
+
+def with_shared(out, x):
+    tile = cuda.shared.array(128, np.float32)
+    i = cuda.threadIdx.x
+    tile[i] = x[i]
+    cuda.syncthreads()
+    out[i] = tile[127 - i]
+
+def with_zeros(out, x):
+    scratch = np.zeros(4)
+    out[0] = scratch[0]
+
+def with_plain_helper(out, x):
+    out[0] = plain(x[0])
+
+def with_list(out, x):
+    values = []
+    values.append(x[0])
+    out[0] = values[0]
+
+def with_shared_sized_at_run_time(out, x):
+    tile = cuda.shared.array(x.size, np.float32)
+    out[0] = tile[0]
+
+def returning(out, x):
+    return x[0]
+
+print(json.dumps({"unavailable": gpu_compile.unavailable(), "results": {
+    f.__name__: [gpu_compile.compile_kernel(f, "void(float32[:], float32[:])", cc) for cc in gpu_compile.TARGETS]
+    for f in (with_device_function, with_shared, with_zeros, with_plain_helper, with_list,
+              with_shared_sized_at_run_time, returning)}}))
+'''
+
+ADVICE = {
+    "with_zeros": "np.zeros is not available inside a CUDA kernel",
+    "with_plain_helper": "plain is a plain Python function: mark it @cuda.jit(device=True)",
+    "with_list": "Python lists are not available inside a CUDA kernel",
+    "with_shared_sized_at_run_time": "need a size fixed when the kernel compiles",
+    "returning": "a kernel cannot return a value",
+}
+
+
+def test_kernels_compile_for_sm80_and_sm90_without_a_gpu_and_mistakes_are_explained():
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0", PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", KERNELS], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found = json.loads(proc.stdout.splitlines()[-1])
+    assert found["unavailable"] == "", found["unavailable"]  # `make test` installs the CUDA 12 compilers
+    results = found["results"]
+    for name in ("with_device_function", "with_shared"):
+        for target in results[name]:
+            assert target["ok"] and target["registers"] > 0, (name, target)
+    assert all(t["shared_bytes"] == 128 * 4 for t in results["with_shared"])  # ptxas's count of the tile
+    for name, advice in ADVICE.items():
+        for target in results[name]:
+            assert not target["ok"] and advice in target["error"], (name, target)
+
+
+def test_compiling_in_the_simulator_is_refused_with_the_reason():
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", "from course import gpu_compile; print(gpu_compile.unavailable())"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert "simulator is on" in proc.stdout, proc.stdout + proc.stderr
