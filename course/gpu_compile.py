@@ -203,3 +203,37 @@ def compile_kernel(kernel, signature: str, cc) -> dict:
         return {"ok": False, "error": explain(str(exc), _source(func)), "compiler": str(exc).strip()[:1500],
                 "seconds": round(time.monotonic() - start, 3)}
     return {"ok": True, **found, "ptx_bytes": len(ptx), "seconds": round(time.monotonic() - start, 3)}
+
+
+_COMPILE_SOURCE = r'''
+import json, sys
+from course import gpu_compile
+request = json.loads(sys.stdin.read())
+namespace = {}
+exec(request["source"], namespace)
+print(json.dumps({"unavailable": gpu_compile.unavailable()} if gpu_compile.unavailable() else {
+    name: {f"sm_{cc[0]}{cc[1]}": gpu_compile.compile_kernel(namespace[name], signature, cc)
+           for cc in gpu_compile.TARGETS}
+    for name, signature in request["signatures"].items()}))
+'''
+
+
+def compile_source(source: str, signatures: dict, header: str = "") -> dict:
+    """Compile kernels given as source text (``inspect.getsource`` of a notebook's
+    kernel, say) in a process of their own with the simulator off, so a notebook
+    that runs its kernels in the simulator can still see what a GPU would make of
+    them: ``{name: {"sm_90": result, ...}}``, or ``{"unavailable": why}``.
+    ``header`` runs first (imports and constants the kernels use)."""
+    import json
+    import sys
+
+    prelude = "import math\nimport numpy as np\nfrom numba import cuda, float32, float64, int32, int64\n"
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0",
+               PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, "-c", _COMPILE_SOURCE], env=env, capture_output=True, text=True,
+                          timeout=300, input=json.dumps({"source": prelude + header + "\n" + source,
+                                                         "signatures": signatures}))
+    if done.returncode != 0:
+        raise RuntimeError(f"compiling failed: {done.stderr.strip()[-1500:]}")
+    return json.loads(done.stdout.splitlines()[-1])
