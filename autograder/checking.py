@@ -101,6 +101,36 @@ def compile_kernels(module_name: str, signatures: dict) -> dict:
     return {"kernels": kernels}
 
 
+def compile_cupy_kernels(module_name: str, builder: str) -> dict:
+    """Compile the CuPy kernels that ``module.builder()`` makes, with NVRTC, for every
+    real target and for float and double (``course.gpu_compile``):
+    ``{"kernels": {name: {"sm_90 float": result, ...}}}``, or a stub's
+    ``{"not_implemented": hint}``. Needs neither a GPU nor CuPy."""
+    import importlib
+
+    from course import gpu_compile
+
+    why = gpu_compile.nvrtc_unavailable()
+    if why:
+        return {"unavailable": why}
+    build = getattr(importlib.import_module(module_name), builder)
+    try:
+        made = gpu_compile.capture_cupy_kernels(build)
+    except NotImplementedError as exc:
+        return {"not_implemented": str(exc)}
+    kernels = {}
+    for kernel in made:
+        results = {}
+        for placeholder in ("float", "double"):
+            source = kernel["code"] if kernel["kind"] == "raw" else gpu_compile.elementwise_source(kernel, placeholder)
+            for cc in gpu_compile.TARGETS:
+                results[f"sm_{cc[0]}{cc[1]} {placeholder}"] = gpu_compile.compile_cuda_c(source, cc)
+            if kernel["kind"] == "raw":
+                break
+        kernels[kernel["name"]] = results
+    return {"kernels": kernels}
+
+
 def compiled_kernels(submission, module_name: str, signatures: dict) -> dict:
     """``compile_kernels`` for a submission's module, once per grading run, in a
     sandboxed call with the simulator off."""
@@ -114,17 +144,19 @@ def require_compiles(submission, module_name: str, signatures: dict, kernel: str
     assert not failure, failure
 
 
-def compile_failure(compiled: dict, name: str) -> str:
+SIMULATOR_NOTE = "The simulator runs kernels as Python, so it worked there; a GPU would refuse it"
+
+
+def compile_failure(compiled: dict, name: str, note: str = SIMULATOR_NOTE) -> str:
     """Why kernel ``name`` does not compile for a GPU (``compile_kernels``' answer);
     "" when it does, is still a stub, or this machine cannot compile."""
     for target, outcome in compiled.get("kernels", {}).get(name, {}).items():
         if isinstance(outcome, dict) and not outcome.get("ok", True):
-            return (f"{name} does not compile for a GPU ({target}): {outcome['error']}. The simulator runs "
-                    "kernels as Python, so it worked there; a GPU would refuse it")
+            return f"{name} does not compile for a GPU ({target}): {outcome['error']}. {note}"
     return ""
 
 
-def expect_compiled(compiled: dict, name: str, metrics: dict | None = None) -> None:
+def expect_compiled(compiled: dict, name: str, metrics: dict | None = None, note: str = SIMULATOR_NOTE) -> None:
     """Assert kernel ``name`` compiled for every target; ptxas's registers, shared
     memory and spills per target go into ``metrics``. Skips, with the reason,
     where this machine cannot compile."""
@@ -134,15 +166,18 @@ def expect_compiled(compiled: dict, name: str, metrics: dict | None = None) -> N
 
     if "unavailable" in compiled:
         pytest.skip(f"cannot compile for a GPU here: {compiled['unavailable']}")
+    if "not_implemented" in compiled:  # the code that makes the kernels is a stub
+        raise not_implemented_yet(compiled["not_implemented"])
     result = compiled["kernels"][name]
     if "not_implemented" in result:
         raise not_implemented_yet(result["not_implemented"])
-    failure = compile_failure(compiled, name)
+    failure = compile_failure(compiled, name, note)
     if failure:
         raise AssertionError(failure)
     if metrics is not None:
         for target, outcome in result.items():
             metrics[target] = {k: outcome[k] for k in ("registers", "shared_bytes", "spill_bytes", "seconds")}
+    return None
 
 
 def run_cases(start_job, cases, ranks, merge, *, stem=str, name=str, explain=None, after_hang=None) -> dict:

@@ -237,3 +237,124 @@ def compile_source(source: str, signatures: dict, header: str = "") -> dict:
     if done.returncode != 0:
         raise RuntimeError(f"compiling failed: {done.stderr.strip()[-1500:]}")
     return json.loads(done.stdout.splitlines()[-1])
+
+
+# -- CuPy kernels: CUDA C through NVRTC -------------------------------------------------
+
+_C_TYPES = {"float16": "half", "float32": "float", "float64": "double", "int8": "signed char", "int16": "short",
+            "int32": "int", "int64": "long long", "uint8": "unsigned char", "uint32": "unsigned int",
+            "uint64": "unsigned long long", "bool": "bool", "float": "float", "double": "double", "int": "int"}
+
+
+def capture_cupy_kernels(build) -> list[dict]:
+    """Call ``build()`` (code that makes ``cupy.ElementwiseKernel`` or ``cupy.RawKernel``
+    objects) against a stand-in ``cupy`` that records what each kernel was made of,
+    so it can be compiled where CuPy cannot run (no GPU, or no CuPy at all)."""
+    import sys
+    import types
+
+    made = []
+
+    class ElementwiseKernel:
+        def __init__(self, in_params, out_params, operation, name="kernel", preamble="", **kwargs):
+            made.append({"kind": "elementwise", "in_params": in_params, "out_params": out_params,
+                         "operation": operation, "name": name, "preamble": preamble})
+
+        def __call__(self, *args, **kwargs):
+            raise RuntimeError("the stand-in cupy only records kernels; it cannot run them")
+
+    class RawKernel(ElementwiseKernel):
+        def __init__(self, code, name, options=(), **kwargs):
+            made.append({"kind": "raw", "code": code, "name": name})
+
+    stand_in = types.ModuleType("cupy")
+    stand_in.ElementwiseKernel, stand_in.RawKernel = ElementwiseKernel, RawKernel
+    saved = sys.modules.get("cupy")
+    sys.modules["cupy"] = stand_in
+    try:
+        build()
+    finally:
+        if saved is None:
+            sys.modules.pop("cupy", None)
+        else:
+            sys.modules["cupy"] = saved
+    return made
+
+
+def _params(text: str) -> list[tuple[str, str, bool]]:
+    """``"T x, raw float32 y"`` -> ``[("T", "x", False), ("float32", "y", True)]``."""
+    found = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        words = part.split()
+        raw = words[0] == "raw"
+        if raw:
+            words = words[1:]
+        if len(words) != 2:
+            raise ValueError(f"cannot read the parameter {part!r}: expected 'type name' or 'raw type name'")
+        found.append((words[0], words[1], raw))
+    return found
+
+
+def elementwise_source(kernel: dict, placeholder: str = "float") -> str:
+    """The CUDA C a ``cupy.ElementwiseKernel`` stands for, one thread per element (a
+    grid-stride loop), with its type placeholders (``T``) made ``placeholder``."""
+    ins, outs = _params(kernel["in_params"]), _params(kernel["out_params"])
+    names = {t for t, _, _ in ins + outs if t not in _C_TYPES}
+    ctype = {t: _C_TYPES.get(t, t) for t, _, _ in ins + outs}
+    args, loads = [], []
+    for (t, name, raw), is_in in [(p, True) for p in ins] + [(p, False) for p in outs]:
+        const = "const " if is_in else ""
+        if raw:
+            args.append(f"{const}{ctype[t]}* {name}")
+        else:
+            args.append(f"{const}{ctype[t]}* __restrict__ {name}_")
+            loads.append(f"{const}{ctype[t]} {'&' if not is_in else ''}{name} = {name}_[i];")
+    typedefs = "".join(f"typedef {placeholder} {t};\n" for t in sorted(names))
+    body = "\n    ".join(loads)
+    return (f"{typedefs}{kernel['preamble']}\n"
+            f"extern \"C\" __global__ void {kernel['name']}({', '.join(args)}, long long _n) {{\n"
+            f"  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < _n;\n"
+            f"       i += (long long)gridDim.x * blockDim.x) {{\n"
+            f"    {body}\n"
+            f"    {kernel['operation']}\n"
+            f"  }}\n}}\n")
+
+
+def nvrtc_unavailable() -> str:
+    """Why CUDA C cannot be compiled here ("" when it can): NVRTC or ptxas missing."""
+    try:
+        from cuda.bindings import nvrtc
+
+        status, _, _ = nvrtc.nvrtcVersion()
+        if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            return f"NVRTC did not load ({status}); install it with {INSTALL}"
+    except Exception as exc:  # noqa: BLE001 - whatever stops NVRTC loading is the reason
+        return f"no NVRTC here ({str(exc).strip().splitlines()[0]}); install it with {INSTALL}"
+    return "" if ptxas() else f"no ptxas here; install it with {INSTALL}"
+
+
+def compile_cuda_c(source: str, cc) -> dict:
+    """Compile CUDA C with NVRTC (the ``nvidia-cuda-nvrtc-cu12`` wheel, through
+    cuda-bindings) for ``cc``; ptxas's resources, or NVRTC's log."""
+    start = time.monotonic()
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as exc:
+        return {"ok": False, "error": f"no NVRTC here ({exc}); install it with {INSTALL}", "compiler": str(exc),
+                "seconds": 0.0}
+    err, program = nvrtc.nvrtcCreateProgram(source.encode(), b"kernel.cu", 0, [], [])
+    options = [f"--gpu-architecture=compute_{cc[0]}{cc[1]}".encode(), b"-default-device"]
+    (status,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
+    _, size = nvrtc.nvrtcGetProgramLogSize(program)
+    log = b" " * size
+    nvrtc.nvrtcGetProgramLog(program, log)
+    log = log.decode(errors="replace").rstrip("\x00 \n")
+    if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        errors = [line.split("error:", 1)[1].strip() for line in log.splitlines() if "error:" in line]
+        return {"ok": False, "error": "; ".join(errors[:3]) or log[:300], "compiler": log[:1500],
+                "seconds": round(time.monotonic() - start, 3)}
+    _, size = nvrtc.nvrtcGetPTXSize(program)
+    ptx = b" " * size
+    nvrtc.nvrtcGetPTX(program, ptx)
+    found = resources(ptx.decode().rstrip("\x00"), cc)
+    return {"ok": True, **found, "seconds": round(time.monotonic() - start, 3)}

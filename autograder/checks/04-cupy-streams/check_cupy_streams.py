@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from autograder.checking import expect_array, expect_close
+from autograder.checking import expect_array, expect_close, expect_compiled
 
 SEED = 2026
 
@@ -63,6 +63,18 @@ def check_bias_gelu_matches_torch(submission):
         _expect_same_kind(got, x, what)
         tol = {"rtol": 2e-6, "atol": 1e-6} if dtype == np.float32 else {"rtol": 1e-12, "atol": 1e-12}
         expect_array(got, _gelu_oracle(x + bias), what, **tol)
+
+
+@pytest.mark.points(2)
+def check_bias_gelu_kernel_compiles(submission, metrics):
+    """bias_gelu_kernel's CUDA C compiles with NVRTC for sm_80 and sm_90, float and double (no GPU needed)"""
+    compiled = submission.call("autograder.checking.compile_cupy_kernels", "cupy_streams", "bias_gelu_kernel")
+    kernels = compiled.get("kernels", {})
+    assert "kernels" not in compiled or len(kernels) == 1, (
+        f"bias_gelu_kernel made {len(kernels)} kernels ({', '.join(kernels) or 'none'}): the fused kernel is one "
+        "cupy.ElementwiseKernel")
+    expect_compiled(compiled, next(iter(kernels), ""), metrics,
+                    note="On the CPU tier bias_gelu runs its NumPy path; on a GPU CuPy compiles this C")
 
 
 # --- 2. Backend-generic, stable softmax ------------------------------------
