@@ -44,6 +44,16 @@ def load_check_file(lab, name):
     return module
 
 
+def fixtures(pattern, name):
+    """Every ``name`` list of the modules ``tests/fixtures/<pattern>.py``, joined, with pytest ids
+    ``"NN: what it is"``."""
+    import importlib
+
+    found = [item for path in sorted((REPO / "tests" / "fixtures").glob(f"{pattern}.py"))
+             for item in getattr(importlib.import_module(f"fixtures.{path.stem}"), name)]
+    return found, [f"{item.lab[:2]}: {item.name}" for item in found]
+
+
 def statuses(report):
     return {t["name"]: t["status"] for t in report["tests"]}
 

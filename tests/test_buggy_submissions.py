@@ -3,19 +3,15 @@
 Bugs live in ``tests/fixtures/buggy*.py`` (one ``BUGS`` list per file); every
 file found there is collected, so a new lab adds its own file.
 """
-import importlib
-from pathlib import Path
-
 import pytest
 
-from conftest import grade_json, statuses
+from conftest import fixtures, grade_json, statuses
 
-BUGS = [bug for path in sorted((Path(__file__).parent / "fixtures").glob("buggy*.py"))
-        for bug in importlib.import_module(f"fixtures.{path.stem}").BUGS]
+BUGS, IDS = fixtures("buggy*", "BUGS")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bug", BUGS, ids=[f"{b.lab[:2]}: {b.name}" for b in BUGS])
+@pytest.mark.parametrize("bug", BUGS, ids=IDS)
 def test_bug_is_caught(bug, make_submission):
     folder = make_submission(bug.lab, bug.file, bug.edits)
     report, _ = grade_json(folder, bug.lab, *bug.grade_args)

@@ -41,7 +41,8 @@ HOSTILE_EDITS = (
     ("def amdahl_speedup(serial_fraction, p):\n", "def amdahl_speedup(serial_fraction, p):\n    while True:\n        pass\n"),
     ('import numba\n', 'import numba, json, os\n'
      'print(json.dumps({"score": 100, "execution_time": 1, "tests": []}))\n'
-     'if os.environ.get("FORGE_PATH"):\n    open(os.environ["FORGE_PATH"], "w").write(\'{"score": 100}\')\n'),
+     'if os.environ.get("FORGE_PATH"):\n    try:  # the sandbox hides the path: a hostile student carries on regardless\n'
+     '        open(os.environ["FORGE_PATH"], "w").write(\'{"score": 100}\')\n    except OSError:\n        pass\n'),
 )
 
 
