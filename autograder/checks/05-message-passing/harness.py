@@ -20,6 +20,13 @@ from course.mpi_audit import AuditComm
 LAUNCH_TIMEOUT_S = 15  # per job; lab.toml's timeout_s is larger, so the launcher's report comes back
 
 
+def split_rows_table(cases):
+    """``split_rows(n, size, rank)`` for every rank of every ``(n, size)`` case, in one call."""
+    import heat_mpi
+
+    return [[tuple(heat_mpi.split_rows(n, size, rank)) for rank in range(size)] for n, size in cases]
+
+
 def run_on_ranks(part, n, cases):
     """Every rank's result of ``rank_side(part, cases)`` on ``n`` ranks; raises if the job did not finish."""
     return mpi.run(f"{__file__}:rank_side", n, part, cases, timeout=LAUNCH_TIMEOUT_S).check().results
