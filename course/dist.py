@@ -69,7 +69,7 @@ def run(target, n: int, *args, timeout: float = 60, backend: str = "auto", **kwa
                     procs.append(subprocess.Popen([sys.executable, "-m", "course.dist", folder], env=env,
                                                   stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                   start_new_session=True))
-                timed_out = _wait(procs, start + timeout)
+                timed_out, codes = _wait(procs, start + timeout)
             finally:
                 # Freeze every worker first: one that sees a peer die would report that as its own error.
                 for proc in procs:
@@ -81,18 +81,30 @@ def run(target, n: int, *args, timeout: float = 60, backend: str = "auto", **kwa
                     kill_tree(proc)
         job = Job(n, "ok", [None] * n, duration_s=time.monotonic() - start, timeout_s=timeout, kind="torch")
         job.read_replies(Path(folder))
+        # Exit codes as the launcher saw them, before it killed the job: a negative one is a signal.
+        job.killed = {rank: _signal_name(-code) for rank, code in enumerate(codes)
+                      if code is not None and code < 0 and rank not in job.finished}
         job.output = log.read_bytes()[-4000:].decode(errors="replace")
     return job.settle(timed_out, clean_exit=all(p.returncode == 0 for p in procs))
 
 
-def _wait(procs, deadline) -> bool:
-    """Wait until every worker exits, one fails, or the deadline passes (True)."""
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _wait(procs, deadline) -> tuple[bool, list]:
+    """Wait until every worker exits, one fails, or the deadline passes; return
+    (timed out, each worker's exit code or None) at that moment."""
+    codes = [None] * len(procs)
     while time.monotonic() < deadline:
         codes = [p.poll() for p in procs]
         if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
-            return False
+            return False, codes
         time.sleep(0.02)
-    return True
+    return True, codes
 
 
 def backend_for(n: int, backend: str = "auto") -> str:

@@ -42,6 +42,7 @@ class Job:
     duration_s: float = 0.0
     timeout_s: float = 0.0
     kind: str = "MPI"
+    killed: dict = field(default_factory=dict)  # rank -> signal name, for ranks a signal ended (torch jobs)
 
     @property
     def ok(self) -> bool:
@@ -54,6 +55,11 @@ class Job:
             waiting = [r for r in range(self.n) if r not in self.finished]
             return (f"timed out after {self.timeout_s:g} s: likely deadlock — rank(s) {waiting} never finished "
                     f"(finished: {self.finished or 'none'}); every rank was stopped. {_HANGS[self.kind]}")
+        if self.killed:  # a crash inside a library (gloo aborting, say): the others' errors follow from it
+            rank, signame = next(iter(self.killed.items()))
+            tail = self.output.strip().splitlines()[-5:]
+            return (f"rank {rank} of {self.n} was ended by {signame} (a crash inside a library, not a Python "
+                    "exception)" + ("\n  last output: " + "\n  ".join(tail) if tail else ""))
         if self.errors:
             rank = next(iter(self.errors))  # the first to fail; the others often fail because of it
             return f"rank {rank} of {self.n} raised {self.errors[rank]}"
@@ -87,6 +93,8 @@ class Job:
     def settle(self, timed_out: bool, clean_exit: bool) -> "Job":
         if timed_out:
             self.status = "timeout"
+        elif self.killed:
+            self.status = "crashed"
         elif self.errors and self.status == "ok":
             self.status = "raised"
         elif self.status == "ok" and (len(self.finished) < self.n or not clean_exit):
