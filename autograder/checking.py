@@ -252,3 +252,21 @@ def save_record(folder, stem, rank, record) -> None:
     path = Path(folder) / f"{stem}.{rank}.pkl"
     path.with_suffix(".tmp").write_bytes(pickle.dumps(record))
     path.with_suffix(".tmp").rename(path)
+
+
+def load_beside(check_file: str, name: str):
+    """The module ``name`` (``name.py``) in the folder of ``check_file``: a lab's own
+    oracles, which its check file imports. Checks are imported by path, so their
+    folder is not on ``sys.path``."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(check_file).with_name(f"{name}.py")
+    key = f"k2c_checks_{path.parent.name.replace('-', '_')}_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[key] = module
+    return sys.modules[key]

@@ -1,0 +1,429 @@
+"""Checks for lab 12: context parallelism (blockwise, ring and Ulysses attention).
+
+Every expected value comes from ``oracles.py`` (NumPy float64, in the grader's
+process): dense attention and its gradients from their definitions, the merge
+from its definition, the layouts, brute-force balance. The inputs are drawn
+here and sent to the student's code; it sends back its outputs.
+
+- One process: ``local_attention``, ``merge_partial_softmax`` (including
+  log-sum-exps near ±1e4, where a merge that takes ``exp`` of them overflows),
+  ``blockwise_attention`` (block sizes that do and do not divide the sequence;
+  the largest tensor it makes, seen by ``course.torch_audit.OpLog``),
+  ``zigzag_indices`` and ``balance``, all in one sandboxed call.
+- Ring and Ulysses attention on 2 and 4 gloo processes, every case of a world
+  size in one ``course.dist`` job (see harness.py): output and dq, dk, dv of
+  every rank against dense attention of the whole sequence, sliced by the
+  documented layout; the messages, all-to-alls, waits and compute each rank
+  ran, and the largest tensor with the head dimension it made.
+
+Sizes: batch 2, sequence 16, head dimension 6 (no sequence length or block is
+6, so a tensor whose last dimension is 6 is a q, k, v or output, never a score
+matrix). Tolerances: 1e-9 relative, and absolute 1e-11 or 1e-10 of the array's
+largest value, whichever is larger (1e-8 where every score is near ±1e4); the
+position-encoded Ulysses case is exact.
+"""
+import math
+
+import numpy as np
+import pytest
+
+from autograder.checking import expect_array, load_beside
+from autograder.submission import failure_from, not_implemented_yet
+
+oracles = load_beside(__file__, "oracles")
+
+WORLD_SIZES = (2, 4)
+B, S, D = 2, 16, 6
+RING_HEADS, ULYSSES_HEADS = 3, 4  # ring takes any head count; Ulysses 4: one head per rank on 4 ranks
+RTOL, ATOL = 1e-9, 1e-11
+BLOCKWISE_SHAPE = (B, 2, 10, D)  # 10 positions: blocks 1, 3, 4, 10 and 13
+BLOCKS = (1, 3, 4, 10, 13)
+
+
+# --- the single-process call -----------------------------------------------------------------
+
+def _queries():
+    q = {"local_attention": [], "merge_partial_softmax": [], "blockwise_attention": [], "zigzag_indices": [],
+         "balance": []}
+    for i, causal in enumerate((False, True)):
+        inputs = oracles.qkv(10 + i, (B, 3, 7, D))
+        if not causal:  # queries against a block of another length
+            inputs["k"], inputs["v"] = oracles.randn(20, B, 3, 5, D), oracles.randn(21, B, 3, 5, D)
+        q["local_attention"].append({**inputs, "causal": causal, "call": f"local_attention(causal={causal})"})
+    for seed, centre, spread in ((30, 0.0, 3.0), (31, 0.0, 0.0), (32, 1e4, 4.0), (33, -1e4, 4.0), (34, 1e4, 40.0)):
+        shape = (B, 3, 5)
+        q["merge_partial_softmax"].append({
+            "out_a": oracles.randn(seed, *shape, D), "out_b": oracles.randn(seed + 100, *shape, D),
+            "lse_a": centre + oracles.randn(seed + 200, *shape, scale=spread),
+            "lse_b": centre + oracles.randn(seed + 300, *shape, scale=spread), "huge": abs(centre) > 0})
+    for causal in (False, True):
+        inputs = oracles.qkv(40, BLOCKWISE_SHAPE)
+        for block in BLOCKS:
+            q["blockwise_attention"].append({**inputs, "block": block, "causal": causal,
+                                             "call": f"blockwise_attention(block={block}, causal={causal})"})
+    q["zigzag_indices"] = [{"seq_len": s, "P": P, "call": f"zigzag_indices({s}, {P})"}
+                           for s, P in ((2, 1), (4, 2), (16, 2), (16, 4), (24, 3), (8, 4), (10, 4), (6, 2), (9, 1))]
+    rng = np.random.default_rng(50)
+    lens = [[7], [3, 3], [5, 1, 1, 1], [8, 7, 6, 5, 4, 3, 2, 1], [2, 2, 2, 2, 2, 2, 2], [9, 1, 1, 1, 1, 1, 1]]
+    lens += [[int(n) for n in rng.integers(1, 40, size=rng.integers(4, 9))] for _ in range(6)]
+    q["balance"] = [{"seq_lens": lens_, "P": P, "call": f"balance({lens_}, {P})"}
+                    for lens_ in lens for P in (2, 3)] + [{"seq_lens": [4, 2], "P": 4, "call": "balance([4, 2], 4)"}]
+    return q
+
+
+QUERIES = _queries()
+
+
+def _answers(submission, name):
+    """[(query, answer)] for ``name``; NotImplementedYet for a stub."""
+    found = submission.harness_once("one_process", "one_process", QUERIES)[name]
+    if isinstance(found, dict) and "not_implemented" in found:
+        raise not_implemented_yet(found["not_implemented"])
+    return list(zip(QUERIES[name], found))
+
+
+def _value(answer, call):
+    if "error" in answer:
+        raise AssertionError(f"{call} raised {answer['error']}")
+    return answer["value"]
+
+
+def _pair(value, call):
+    if not (isinstance(value, (list, tuple)) and len(value) == 2):
+        raise AssertionError(f"{call} should return (out, lse), got {str(value)[:120]}")
+    return value
+
+
+@pytest.mark.points(1)
+def check_local_attention(submission):
+    """local_attention: output and log-sum-exp equal dense attention, causal and not"""
+    for query, answer in _answers(submission, "local_attention"):
+        out, lse = _pair(_value(answer, query["call"]), query["call"])
+        want_out, want_lse = oracles.attention(query["q"], query["k"], query["v"], query["causal"])
+        expect_array(out, want_out, f"{query['call']}: out", rtol=RTOL, atol=ATOL)
+        expect_array(lse, want_lse, f"{query['call']}: lse", rtol=RTOL, atol=ATOL)
+
+
+def _expect_merges(submission, huge):
+    for query, answer in _answers(submission, "merge_partial_softmax"):
+        if query["huge"] != huge:
+            continue
+        call = "merge_partial_softmax" + (f" with log-sum-exps near {query['lse_a'].mean():.0f}" if huge else "")
+        out, lse = _pair(_value(answer, call), call)
+        want_out, want_lse = oracles.merge(query["out_a"], query["lse_a"], query["out_b"], query["lse_b"])
+        hint = ("" if not huge or np.isfinite(np.asarray(out, dtype=float)).all() else
+                " (not finite: exp of a log-sum-exp near 1e4 overflows; weigh the blocks by a sigmoid of the "
+                "difference of their log-sum-exps)")
+        try:
+            expect_array(out, want_out, f"{call}: out", rtol=RTOL, atol=ATOL)
+            expect_array(lse, want_lse, f"{call}: lse", rtol=1e-12 if huge else RTOL, atol=ATOL)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}{hint}") from None
+
+
+@pytest.mark.points(2)
+def check_merge_partial_softmax(submission):
+    """merge_partial_softmax: two blocks' (out, lse) combine into attention over both"""
+    _expect_merges(submission, huge=False)
+
+
+@pytest.mark.points(1)
+def check_merge_is_stable_for_huge_logits(submission):
+    """merge_partial_softmax stays finite and exact for log-sum-exps near ±1e4"""
+    _expect_merges(submission, huge=True)
+
+
+@pytest.mark.points(2)
+def check_blockwise_attention(submission):
+    """blockwise_attention equals full attention, causal and not, for blocks that do and do not divide the sequence"""
+    for query, answer in _answers(submission, "blockwise_attention"):
+        found = _value(answer, query["call"])
+        want, _ = oracles.attention(query["q"], query["k"], query["v"], query["causal"])
+        expect_array(found["out"], want, query["call"], rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.points(1)
+def check_blockwise_attention_never_makes_the_full_score_matrix(submission):
+    """blockwise_attention with blocks of 1, 3 and 4 never makes a tensor as large as the full score matrix"""
+    b, h, s, d = BLOCKWISE_SHAPE
+    for query, answer in _answers(submission, "blockwise_attention"):
+        if query["block"] >= s:
+            continue
+        shape = _value(answer, query["call"])["largest"]
+        limit = b * h * s * max(d, query["block"])  # q, k, v, the output, or all queries against one key block
+        if math.prod(shape) > limit:
+            raise AssertionError(
+                f"{query['call']} made a tensor of shape {tuple(shape)} ({math.prod(shape)} elements); a block of "
+                f"scores is at most {limit}, the full score matrix {b * h * s * s}: compute one block of keys at a "
+                "time and merge")
+
+
+def _layouts(submission):
+    for query, answer in _answers(submission, "zigzag_indices"):
+        yield query, answer, query["seq_len"] % (2 * query["P"]) == 0
+
+
+@pytest.mark.points(1)
+def check_zigzag_layout(submission):
+    """zigzag_indices gives rank r chunks r and 2P-1-r of 2P"""
+    for query, answer, divides in _layouts(submission):
+        if divides:
+            got = _value(answer, query["call"])
+            want = oracles.zigzag(query["seq_len"], query["P"])
+            if got != want:
+                raise AssertionError(f"{query['call']} is {got}, expected {want}")
+
+
+@pytest.mark.points(1)
+def check_zigzag_balances_causal_work(submission):
+    """under zigzag_indices every rank's causal work is within one block of the mean (contiguous chunks are not)"""
+    for query, answer, divides in _layouts(submission):
+        if not divides or query["P"] == 1:
+            continue
+        layout = _value(answer, query["call"])
+        s, P = query["seq_len"], query["P"]
+        if not (isinstance(layout, list) and len(layout) == P and sorted(sum(layout, [])) == list(range(s))):
+            raise AssertionError(f"{query['call']} is {str(layout)[:200]}: not every position exactly once")
+        work = [oracles.causal_pairs(positions) for positions in layout]
+        block = (s // (2 * P)) ** 2
+        mean = sum(work) / P
+        if max(abs(w - mean) for w in work) > block:
+            raise AssertionError(f"{query['call']}: the ranks' unmasked (query, key) pairs are {work}, more than one "
+                                 f"block ({block} pairs) from their mean {mean:g}")
+
+
+@pytest.mark.points(1)
+def check_sequence_not_in_2P_chunks_is_an_error(submission):
+    """a sequence that does not divide into 2P chunks raises ValueError, in zigzag_indices and causal ring_attention"""
+    for query, answer, divides in _layouts(submission):
+        if not divides and "error" not in answer:
+            raise AssertionError(f"{query['call']} returned {str(answer['value'])[:120]}; {query['seq_len']} "
+                                 f"positions do not divide into 2P = {2 * query['P']} chunks: raise ValueError")
+        if not divides and not answer["error"].startswith("ValueError"):
+            raise AssertionError(f"{query['call']} raised {answer['error']}, expected ValueError")
+    _expect_raises(submission, "ring_odd_shard", "ring_attention(causal=True) on a shard of 3 positions")
+
+
+@pytest.mark.points(2)
+def check_balance(submission):
+    """balance places every sequence once, its busiest rank within 4/3 of the best placement's (brute force)"""
+    for query, answer in _answers(submission, "balance"):
+        placement = _value(answer, query["call"])
+        lens, P = query["seq_lens"], query["P"]
+        if not (isinstance(placement, list) and len(placement) == P
+                and sorted(sum(placement, [])) == list(range(len(lens)))):
+            raise AssertionError(f"{query['call']} is {str(placement)[:200]}: expected {P} lists that hold every "
+                                 f"index 0..{len(lens) - 1} exactly once")
+        busiest = max(sum(oracles.sequence_work(lens[i]) for i in part) for part in placement)
+        best = oracles.best_balance(lens, P)
+        if busiest > best * 4 / 3:
+            raise AssertionError(f"{query['call']} gives the busiest rank {busiest} pairs of work, the best placement "
+                                 f"{best}: more than 4/3 of it (is a sequence's work L(L+1)/2, not L?)")
+
+
+# --- ring and Ulysses --------------------------------------------------------------------------
+
+def _cases(P):
+    """{name: case} for P ranks: the whole q, k, v and upstream gradient, and how to call."""
+    ring, uly = (B, RING_HEADS, S, D), (B, ULYSSES_HEADS, S, D)
+    return {
+        "ring": {**oracles.qkv(60, ring), "function": "ring", "causal": False},
+        "ring_causal": {**oracles.qkv(61, ring), "function": "ring", "causal": True},
+        "ring_one_chunk_each": {**oracles.qkv(62, (1, 1, 2 * P, D)), "function": "ring", "causal": True},
+        "ring_one_position_each": {**oracles.qkv(63, (1, 2, P, D)), "function": "ring", "causal": False},
+        # scores of 1e4 carry rounding of ~2e-12 each: gradients agree to ~1e-9 of their size, not 1e-10
+        "ring_huge_logits": {**oracles.near_huge(64, ring), "function": "ring", "causal": True, "noise": 1e-8},
+        "ring_odd_shard": {"function": "ring", "causal": True, "shape": ring, "local_len": 3},
+        "ulysses": {**oracles.qkv(70, uly), "function": "ulysses", "causal": False},
+        "ulysses_causal": {**oracles.qkv(71, uly), "function": "ulysses", "causal": True},
+        "ulysses_positions": {**oracles.position_encoded(*uly), "function": "ulysses", "causal": True},
+        "ulysses_heads_indivisible": {"function": "ulysses", "causal": False, "shape": (B, P + 1, S, D),
+                                      "local_len": S // P},
+    }
+
+
+def _case(submission, name, sizes=WORLD_SIZES):
+    """{P: (inputs, outcome)} for the case on every world size."""
+    found = {}
+    for P in sizes:
+        cases = submission.once(("cases", P), lambda P=P: _cases(P))
+        outcome = submission.harness_once(("cases_job", P), "cases_job", P, cases)[name]
+        if outcome["status"] != "ok":
+            raise failure_from(outcome, f"{name} on {P} ranks")
+        found[P] = (cases[name], outcome)
+    return found
+
+
+def _positions(case, P):
+    s = case["q"].shape[-2]
+    return (oracles.zigzag if case["function"] == "ring" and case["causal"] else oracles.contiguous)(s, P)
+
+
+def _expect_attention(submission, names, grads=False):
+    for name in names:
+        for P, (case, outcome) in _case(submission, name).items():
+            want = {"out": oracles.attention(case["q"], case["k"], case["v"], case["causal"])[0]}
+            if grads:
+                want.update(zip(("dq", "dk", "dv"), oracles.attention_grads(
+                    case["q"], case["k"], case["v"], case["causal"], case["upstream"])))
+            layout = _positions(case, P)
+            for rank, record in enumerate(outcome["ranks"]):
+                for label, whole in want.items():
+                    where = f"{name} on {P} ranks, rank {rank}: {label}"
+                    if record[label] is None:
+                        raise AssertionError(f"{where} is None: no gradient reached it (does the backward return "
+                                             "dq, dk and dv?)")
+                    atol = max(ATOL, case.get("noise", 1e-10) * float(np.abs(whole).max()))
+                    expect_array(record[label], whole[..., layout[rank], :], where, rtol=RTOL, atol=atol)
+
+
+def _expect_raises(submission, name, call):
+    for P, (_, outcome) in _case(submission, name).items():
+        for rank, record in enumerate(outcome["ranks"]):
+            if not record["raised"]:
+                raise AssertionError(f"{call} on {P} ranks, rank {rank}: expected ValueError, got "
+                                     f"{record['message'] or 'no error'}")
+
+
+@pytest.mark.points(2)
+def check_ring_attention(submission):
+    """ring_attention equals full attention on 2 and 4 ranks, down to one position per rank"""
+    _expect_attention(submission, ["ring", "ring_one_position_each"])
+
+
+@pytest.mark.points(2)
+def check_ring_attention_causal(submission):
+    """causal ring_attention on the zigzag layout equals full causal attention, down to one position per chunk"""
+    _expect_attention(submission, ["ring_causal", "ring_one_chunk_each"])
+
+
+@pytest.mark.points(3)
+def check_ring_attention_gradients(submission):
+    """ring_attention's dq, dk and dv equal dense attention's, causal and not, on 2 and 4 ranks"""
+    _expect_attention(submission, ["ring", "ring_causal", "ring_one_chunk_each"], grads=True)
+
+
+@pytest.mark.points(1)
+def check_ring_attention_huge_logits(submission):
+    """ring_attention stays exact, gradients included, when every score is near +1e4 or -1e4"""
+    _expect_attention(submission, ["ring_huge_logits"], grads=True)
+
+
+@pytest.mark.points(1)
+def check_ring_sends_P_minus_1_blocks(submission):
+    """forward, each rank sends and receives P-1 K/V blocks, one at a time, and makes no collective"""
+    for P, (case, outcome) in _case(submission, "ring").items():
+        block = case["k"][..., :S // P, :].size  # one rank's K (or V)
+        for rank, record in enumerate(outcome["ranks"]):
+            moved = record["forward"]
+            collectives = {k: len(v) for k, v in moved.items() if v and k not in ("send", "recv")}
+            where = f"ring_attention on {P} ranks, rank {rank}, forward"
+            assert not collectives, f"{where}: made collectives {collectives}; the blocks travel by send and receive"
+            for kind in ("send", "recv"):
+                total = sum(moved[kind])
+                assert total == (P - 1) * 2 * block, (
+                    f"{where}: {kind} {moved[kind]} elements ({total}), expected P-1 = {P - 1} K/V blocks of "
+                    f"{2 * block} ({(P - 1) * 2 * block})")
+                assert all(n in (block, 2 * block) for n in moved[kind]), (
+                    f"{where}: {kind} messages of {moved[kind]} elements, expected one K, V or K/V block each "
+                    f"({block} or {2 * block})")
+
+
+@pytest.mark.points(1)
+def check_ring_overlaps_transfers_with_compute(submission):
+    """forward, each of the P-1 transfers is posted before the current block's compute and waited for after"""
+    for P, (_, outcome) in _case(submission, "ring").items():
+        for rank, record in enumerate(outcome["ranks"]):
+            transfers, overlapped = record["overlap"]
+            assert transfers >= P - 1 and overlapped == transfers, (
+                f"ring_attention on {P} ranks, rank {rank}: {overlapped} of its {transfers} transfers overlapped a "
+                f"block's compute (expected all of at least {P - 1}): post the next block's isend/irecv before "
+                "attending to the current block, and wait for them after")
+
+
+@pytest.mark.points(1)
+def check_no_rank_holds_the_whole_k_or_v(submission):
+    """on 4 ranks, neither ring nor Ulysses attention makes a tensor of the head dimension as large as the whole K"""
+    for name in ("ring", "ulysses"):
+        for P, (case, outcome) in _case(submission, name, sizes=(4,)).items():
+            whole = case["k"].size
+            for rank, record in enumerate(outcome["ranks"]):
+                shape = record["largest"]
+                assert math.prod(shape) < whole, (
+                    f"{name} attention on {P} ranks, rank {rank} made a tensor of shape {tuple(shape)}, as large as "
+                    f"the whole K {case['k'].shape}: a rank holds its shard and one block at a time")
+
+
+@pytest.mark.points(2)
+def check_ulysses_attention(submission):
+    """ulysses_attention equals full attention, causal and not, on 2 and 4 ranks (one head each on 4)"""
+    _expect_attention(submission, ["ulysses", "ulysses_causal"])
+
+
+@pytest.mark.points(1)
+def check_ulysses_layout(submission):
+    """ulysses_attention puts every batch, head and position back where it came from (position-encoded values, exact)"""
+    for P, (case, outcome) in _case(submission, "ulysses_positions").items():
+        layout = _positions(case, P)
+        for rank, record in enumerate(outcome["ranks"]):
+            got, want = np.asarray(record["out"]), case["v"][..., layout[rank], :]
+            if got.shape != want.shape:
+                raise AssertionError(f"ulysses_attention on {P} ranks, rank {rank}: output shape {got.shape}, "
+                                     f"expected {want.shape}")
+            wrong = np.argwhere(got != want)
+            if len(wrong):
+                b, h, i, e = wrong[0]
+                came = oracles.where_from(got[b, h, i, e])
+                told = (f"came from batch {came[0]}, head {came[1]}, position {came[2]}" if came else
+                        f"is {got[b, h, i, e]!r}, from no single input position")
+                raise AssertionError(
+                    f"ulysses_attention on {P} ranks, rank {rank}: the output at batch {b}, head {h}, position "
+                    f"{layout[rank][i]} {told}; {len(wrong)} of {got.size} elements are misplaced (check which "
+                    "axis each all-to-all splits and in what order the received parts are put back)")
+
+
+@pytest.mark.points(2)
+def check_ulysses_attention_gradients(submission):
+    """ulysses_attention's dq, dk and dv equal dense attention's, causal and not"""
+    _expect_attention(submission, ["ulysses", "ulysses_causal"], grads=True)
+
+
+@pytest.mark.points(1)
+def check_ulysses_makes_two_all_to_alls_each_way(submission):
+    """Ulysses makes exactly 2 all-to-alls forward (q, k, v stacked, then the output) and 2 backward, and nothing else"""
+    for P, (case, outcome) in _case(submission, "ulysses").items():
+        shard = case["q"][..., :S // P, :].size
+        for rank, record in enumerate(outcome["ranks"]):
+            for phase in ("forward", "backward"):
+                moved = record[phase]
+                other = {k: len(v) for k, v in moved.items() if v and k != "all_to_all"}
+                where = f"ulysses_attention on {P} ranks, rank {rank}, {phase}"
+                assert not other, f"{where}: also made {other}; only all-to-alls move data"
+                assert sorted(moved["all_to_all"]) == [shard, 3 * shard], (
+                    f"{where}: all-to-alls of {moved['all_to_all']} elements, expected exactly two: q, k and v "
+                    f"stacked ({3 * shard}) and the output ({shard})")
+
+
+@pytest.mark.points(1)
+def check_ulysses_heads_not_divisible_raises(submission):
+    """ulysses_attention raises ValueError when the heads do not divide by P"""
+    _expect_raises(submission, "ulysses_heads_indivisible", "ulysses_attention with P + 1 heads")
+
+
+# --- the GPU tier ------------------------------------------------------------------------------
+
+BLOCKWISE_TO_SDPA = 0.1  # uncalibrated: no GPU run has set it yet (docs/gpu-tier.md)
+
+
+@pytest.mark.gpu
+@pytest.mark.points(2)
+def check_blockwise_attention_speed(submission, metrics):
+    """blockwise_attention on one GPU: time as a fraction of torch's scaled_dot_product_attention (s = 8192, float32)"""
+    m = submission.harness("blockwise_vs_sdpa", 8192, 1024)
+    assert m["max_error"] < 1e-3, f"blockwise_attention is wrong on the GPU (largest error {m['max_error']:.2g})"
+    ratio = m["sdpa_ms"] / m["ours_ms"]
+    metrics.update(ours_ms=round(m["ours_ms"], 3), sdpa_ms=round(m["sdpa_ms"], 3), ratio=round(ratio, 3),
+                   threshold=BLOCKWISE_TO_SDPA, device=m["device"])
+    assert ratio >= BLOCKWISE_TO_SDPA, (
+        f"blockwise_attention reached {ratio:.2f} of SDPA's speed on {m['device']} (needs {BLOCKWISE_TO_SDPA}): "
+        "are the blocks large batched matrix products, with no Python loop over heads or rows?")
