@@ -433,6 +433,28 @@ def test_conf_mirror_copies_updates_and_prunes(tmp_path):
     assert "B, revised" in (out / "02-b.ipynb").read_text()
 
 
+def test_conf_shows_a_lecture_as_nbval_ran_it_only_while_it_is_current(tmp_path, monkeypatch):
+    from course import executed
+
+    conf = _load_conf()
+    monkeypatch.setattr(executed, "FOLDER", tmp_path)
+    lecture = ROOT / "course" / "lectures" / "01-parallel-thinking.ipynb"
+    assert conf.executed_copy(lecture) is None  # nbval has not run it
+    ran = json.loads(lecture.read_text())
+    code = next(c for c in ran["cells"] if c["cell_type"] == "code")
+    code["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "printed under nbval\n"}]
+    executed.save(ran, lecture)
+    shown = json.loads(conf.notebook_bytes(lecture))
+    assert shown["metadata"]["mystnb"] == {"execution_mode": "off"}  # not run a second time
+    assert "printed under nbval" in json.dumps(shown["cells"])
+    # a change to the lecture, the toolkit or a helper changes the digest: the build runs it itself
+    monkeypatch.setattr(executed, "digest", lambda path: "run from other files")
+    assert conf.executed_copy(lecture) is None
+    assert "mystnb" not in json.loads(conf.notebook_bytes(lecture))["metadata"]
+    handout = ROOT / "solutions" / "01-parallel-thinking" / "handout.ipynb"
+    assert conf.executed_copy(handout) is None  # handouts are never executed
+
+
 def test_conf_execution_settings():
     conf = _load_conf()
     assert conf.nb_execution_mode == "force"
