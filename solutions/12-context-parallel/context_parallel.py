@@ -159,12 +159,14 @@ def _attending_pairs(query_chunks, key_chunks, causal):
     """``(a, b, diagonal)`` for the query chunk ``a`` and key chunk ``b`` (positions in
     the lists) that see each other: all pairs, or under causal those with the key chunk
     at or before the query chunk (the same chunk: a causal diagonal block)."""
+    # BEGIN SOLUTION: under causal, a key chunk after the query chunk is hidden, and the same chunk is a diagonal block
     for a, query in enumerate(query_chunks):
         for b, key in enumerate(key_chunks):
             if not causal or key < query:
                 yield a, b, False
             elif key == query:
                 yield a, b, True
+    # END SOLUTION
 
 
 def local_attention_backward(dout, q, k, v, lse, delta, causal=False):
