@@ -9,8 +9,8 @@ largest difference between this rank's output and the rows of the whole
 sequence's attention it holds, and the same for the gradients of q, k and v
 (the loss is ``(out * upstream).sum()`` for a random ``upstream``). Every rank
 builds the same float64 q, k and v from a seed and takes its shard: contiguous,
-or zigzag for causal ring attention (with your ``zigzag_indices`` once it is
-written, with this file's own before). A function you have not written yet
+or zigzag for causal ring attention (this file's own layout, the documented
+one). A function you have not written yet
 comes back as ``{"not_written": message}``.
 """
 import torch
@@ -40,12 +40,9 @@ def contiguous(seq_len, p):
 
 
 def layout(cp, function, causal, p):
-    if function == "ring" and causal:
-        try:
-            return cp.zigzag_indices(SEQ, p)
-        except NotImplementedError:
-            return zigzag(SEQ, p)
-    return contiguous(SEQ, p)
+    """The documented layout (this file's, as the grader's: a wrong ``zigzag_indices``
+    of yours is reported by section 3, not mistaken here for a wrong ring)."""
+    return zigzag(SEQ, p) if function == "ring" and causal else contiguous(SEQ, p)
 
 
 def _largest(a, b):

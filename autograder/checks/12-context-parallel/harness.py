@@ -182,11 +182,11 @@ def rank_side(names, cases, P_expected, folder):
     return None
 
 
-def cases_job(P, cases):
+def cases_job(P, cases, job_timeout=JOB_TIMEOUT_S):
     """{case name: outcome} on ``P`` ranks for ``cases`` ({name: case}); see the module docstring."""
     def start(pending, folder):  # gloo on both tiers: the tensors are tiny and live on the CPU
         return launcher.run(f"{__file__}:rank_side", P, list(pending), {n: cases[n] for n in pending}, P, folder,
-                            timeout=JOB_TIMEOUT_S, backend="gloo")
+                            timeout=job_timeout, backend="gloo")
 
     def after_hang(name, pending):  # the same function would hang again, a timeout each
         return [n for n in pending if cases[n]["function"] == cases[name]["function"]]
