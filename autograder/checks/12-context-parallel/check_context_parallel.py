@@ -176,7 +176,7 @@ def check_zigzag_layout(submission):
 
 @pytest.mark.points(1)
 def check_zigzag_balances_causal_work(submission):
-    """under zigzag_indices every rank's causal work is within one block of the mean (contiguous chunks are not)"""
+    """under zigzag_indices every rank's causal work is within one block of the mean"""
     for query, answer, divides in _layouts(submission):
         if not divides or query["P"] == 1:
             continue
