@@ -22,6 +22,9 @@ class Lab:
     memory_mb: int
     refuse: tuple[str, ...] = ()  # library code the lab asks students to build themselves (course.refuse)
     refuse_why: str = ""
+    # Files of earlier labs this lab imports ("08-data-parallel/ddp.py"): graded
+    # next to the lab's own files, see ``with_used_files``.
+    uses: tuple[str, ...] = ()
 
     @property
     def number(self) -> str:
@@ -45,7 +48,8 @@ def all_labs() -> list[Lab]:
         data = tomllib.loads(meta.read_text())
         labs.append(Lab(meta.parent.name, data["title"], tuple(data["files"]),
                         float(data.get("timeout_s", 60)), int(data.get("memory_mb", 4096)),
-                        tuple(data.get("refuse", ())), data.get("refuse_why", "")))
+                        tuple(data.get("refuse", ())), data.get("refuse_why", ""),
+                        tuple(data.get("uses", ()))))
     return labs
 
 
@@ -57,6 +61,32 @@ def find_lab(name: str) -> Lab:
             return lab
     known = ", ".join(lab.slug for lab in labs)
     raise UsageError(f"no lab called {name!r}; the labs are: {known} (or 'all')")
+
+
+REFERENCE_ROOT = Path(__file__).resolve().parents[1] / "solutions"
+
+
+def with_used_files(lab: Lab, folder: Path, root: Path, into: Path) -> Path:
+    """The folder to grade: ``folder`` itself, or for a lab that ``uses`` earlier
+    labs' files, a copy of it in ``into`` with each used file beside the lab's own.
+
+    A used file comes from the submission (``root/08-data-parallel/ddp.py``: the
+    student's own code), else from the reference when this checkout has
+    ``solutions/`` (an instructor grading one lab alone); when neither has it the
+    student's import of it fails and the check says so.
+    """
+    if not lab.uses:
+        return folder
+    import shutil
+
+    staged = into / folder.name
+    shutil.copytree(folder, staged, symlinks=True, ignore=shutil.ignore_patterns(".git", "__pycache__"))
+    for used in lab.uses:
+        target = staged / Path(used).name
+        for source in (Path(root) / used, REFERENCE_ROOT / used):
+            if source.is_file() and not target.exists():
+                shutil.copyfile(source, target)
+    return staged
 
 
 def locate_submission(lab: Lab, root: Path) -> tuple[Path, str | None]:

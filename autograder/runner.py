@@ -5,6 +5,7 @@ import contextlib
 import io
 import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from autograder import isolation
-from autograder.labs import Lab, UsageError, locate_submission
+from autograder.labs import Lab, UsageError, locate_submission, with_used_files
 from autograder.plugin import CheckResult, GradingPlugin
 from autograder.sandbox import Limits
 from autograder.submission import Submission
@@ -68,13 +69,19 @@ def grade(lab: Lab, submission_root: Path, tier: str, timeout_s: float | None = 
           select: str | None = None, on_result=None) -> LabResult:
     start = time.monotonic()
     folder, missing = locate_submission(lab, submission_root)
+    with tempfile.TemporaryDirectory(prefix="k2c-uses-") as scratch:
+        graded = with_used_files(lab, folder, Path(submission_root), Path(scratch))
+        return _grade_folder(lab, folder, graded, missing, tier, timeout_s, select, on_result, start)
+
+
+def _grade_folder(lab, folder, graded, missing, tier, timeout_s, select, on_result, start) -> LabResult:
     try:
         layer = isolation.detect()
     except RuntimeError as exc:
         raise UsageError(str(exc)) from None
     limits = Limits(timeout_s=timeout_s or lab.timeout_s, memory_mb=lab.memory_mb,
                     address_space=(tier == "cpu"), devices=(tier == "gpu"))
-    submission = Submission(folder, lab.checks_dir / "harness.py", tier, limits, child_environment(tier, lab))
+    submission = Submission(graded, lab.checks_dir / "harness.py", tier, limits, child_environment(tier, lab))
     plugin = GradingPlugin(submission, tier, missing, on_result)
     args = [str(lab.checks_dir), "-c", os.devnull, "--rootdir", str(lab.checks_dir),
             "-o", "python_files=check_*.py", "-o", "python_functions=check_*",
