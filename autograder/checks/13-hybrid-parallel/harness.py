@@ -1,0 +1,87 @@
+"""Grader code that runs next to the student's lab 13 modules in the sandbox.
+
+``planner_answers(queries)`` answers every ``cost_model`` and ``search`` query of
+the planner's checks in one call (importing the planner, and with it torch,
+once). An answer is ``{"value": ...}`` (plain data), ``{"error": ...}`` when the
+call raised, or for a search ``{"hung": seconds}`` when it ran past its limit
+(a search that takes too long costs only its own check); every search answer
+also says how many ``seconds`` it took. A function that is still a stub
+answers ``{"not_implemented": message}`` for all its queries.
+
+The run_plan and SLURM checks' grader code lives in ``harness_hybrid.py`` and
+``harness_cluster.py``, re-exported here: a lab has one harness module.
+"""
+import signal
+import time
+
+SEARCH_LIMIT_S = 10  # per search query; the reference takes well under a second on the small ones
+
+
+def _plain(value):
+    """The student's value as plain data the codec carries."""
+    import numbers
+
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return repr(value)[:200]
+
+
+class _TooLong(BaseException):  # not caught by a search's own "except Exception"
+    pass
+
+
+def _within(seconds, function, *args):
+    """``function(*args)``, stopped with ``_TooLong`` after ``seconds``."""
+    def stop(*_):
+        raise _TooLong()
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return function(*args)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _answers(function, calls, limit=None):
+    out = []
+    for args in calls:
+        start = time.perf_counter()
+        try:
+            value = _within(limit, function, *args) if limit else function(*args)
+            answer = {"value": _plain(value)}
+        except _TooLong:
+            answer = {"hung": limit}
+        except NotImplementedError as exc:
+            return {"not_implemented": str(exc) or f"{function.__name__} is not implemented yet"}
+        except Exception as exc:  # the check says what the call raised
+            answer = {"error": f"{type(exc).__name__}: {exc}"[:400]}
+        answer["seconds"] = time.perf_counter() - start
+        out.append(answer)
+    return out
+
+
+def planner_answers(queries):
+    """{"cost_model": [...], "search": [...]}: the answers to the queries, in order.
+    A search query is (model, cluster, budget, limit in seconds)."""
+    import planner
+
+    return {"cost_model": _answers(planner.cost_model, queries["cost_model"]),
+            "search": [_answers(planner.search, [q[:3]], limit=q[3]) for q in queries["search"]]}
+
+
+# --- the grader code of run_plan (harness_hybrid.py) and of the SLURM functions (harness_cluster.py) ---
+from autograder.checking import load_beside as _load_beside  # noqa: E402
+
+_hybrid, _cluster = _load_beside(__file__, "harness_hybrid"), _load_beside(__file__, "harness_cluster")
+hybrid_cases_job, hybrid_measure_job, cost_model_times = (
+    _hybrid.hybrid_cases_job, _hybrid.hybrid_measure_job, _hybrid.cost_model_times)
+cluster_answers = _cluster.cluster_answers

@@ -1,0 +1,278 @@
+"""Lab 13's oracles: the cost model from its closed forms, and brute-force search.
+
+Written from the formulas in the lab's docstring and the papers, not from the
+student's modules 07 and 09: the parameter count per GPT block (12h² + 13h),
+Korthikanti et al.'s activations per layer, the ZeRO paper's table, the ring
+all-reduce's 2(n - 1)(α + β n / t), Alpa's Σ t + (m - 1) max t. Everything is
+computed rank by rank: a rank's stage, its TP and DP groups and the node of
+every member.
+
+``best_plan`` tries every plan of the search space. Inside a stage the layers
+are alike, so a plan's cost depends only on how many layers of each stage use
+each strategy (tests/test_13_hybrid_parallel.py checks this against the
+per-layer brute force ``best_plan_per_layer`` on small cases), and the step
+time grows with each stage's time while the stage's all-reduce does not
+depend on its strategies: for each stage and number of layers only its
+fastest fitting choice of strategies can be in a best plan. ``best_plan``
+therefore enumerates every cut of the layers into stages, with each stage's
+fastest fitting choice found by trying every count of strategies.
+"""
+import itertools
+import math
+
+STRATEGIES = ("none", "selective", "full")
+
+
+def compositions(total, parts):
+    """Every list of ``parts`` positive integers adding up to ``total``."""
+    for cuts in itertools.combinations(range(1, total), parts - 1):
+        bounds = (0,) + cuts + (total,)
+        yield [bounds[i + 1] - bounds[i] for i in range(parts)]
+
+
+def shapes(model, devices):
+    """Every (dp, tp, pp, m) of the search space."""
+    for dp in range(1, devices + 1):
+        for tp in range(1, devices // dp + 1):
+            if devices % (dp * tp) or model["heads"] % tp or model["hidden"] % tp:
+                continue
+            pp = devices // (dp * tp)
+            if pp > model["layers"] or model["batch"] % dp:
+                continue
+            for m in range(1, model["batch"] // dp + 1):
+                if model["batch"] % (dp * m) == 0:
+                    yield dp, tp, pp, m
+
+
+def node_of_ranks(cluster):
+    return [n for n, node in enumerate(cluster["nodes"]) for _ in range(node["devices"])]
+
+
+def bytes_per_parameter(precision, optimizer):
+    """(weights, gradients, optimizer state) bytes per parameter (module 07, the ZeRO paper)."""
+    moments = {"adam": 2, "sgd": 0, "sgd_momentum": 1}[optimizer]
+    if precision == "fp32":
+        return 4, 4, 4 * moments
+    return 2, 2, 4 + 4 * moments  # + the fp32 master copy
+
+
+def zero_table(psi, n, stage, precision="mixed", optimizer="adam"):
+    """Bytes per rank of Ψ parameters at a ZeRO stage: the paper's Figure 1 for mixed Adam."""
+    weights, grads, state = (x * psi for x in bytes_per_parameter(precision, optimizer))
+    return (weights / (n if stage >= 3 else 1) + grads / (n if stage >= 2 else 1)
+            + state / (n if stage >= 1 else 1))
+
+
+def module07_peak(config):
+    """Module 07's ``estimate_train_memory(config)["peak"]``, from its closed forms."""
+    V, s, h, L, a, b = (config[k] for k in ("vocab", "seq", "hidden", "layers", "heads", "batch"))
+    w = 4 if config["precision"] == "fp32" else 2
+    params = V * h + s * h + L * (12 * h * h + 13 * h) + 2 * h
+    static = params * sum(bytes_per_parameter(config["precision"], config["optimizer"]))
+    layer = layer_bytes(config, b)
+    kept = s * b * h * w if config.get("checkpointing") else layer
+    return static + L * kept + 2 * s * b * h * w + 4 * s * b * V + (layer if config.get("checkpointing") else 0)
+
+
+def layer_bytes(model, b, strategy="none"):
+    """What one layer keeps for backward for a microbatch of b sequences (Korthikanti et al. 2022)."""
+    s, h, a = model["seq"], model["hidden"], model["heads"]
+    w = 4 if model["precision"] == "fp32" else 2
+    if strategy == "full":
+        return s * b * h * w
+    masks = model["dropout"] > 0
+    linear = w * 16 * s * b * h + (2 * s * b * h if masks else 0)
+    quadratic = (w * 2 * a * s * s * b + a * s * s * b) if masks else w * a * s * s * b
+    return linear if strategy == "selective" else linear + quadratic
+
+
+def ring(nbytes, n, link):
+    return 0.0 if n == 1 else 2 * (n - 1) * (link["alpha"] + link["beta"] * nbytes / n)
+
+
+def stage_of(plan, model, cluster, j, counts):
+    """Stage j's cost: {"time", "compute", "tp_comm", "p2p", "dp_comm", "parameters", "memory"},
+    for ``counts[k]`` of its layers using ``STRATEGIES[k]``."""
+    dp, tp, pp, m = plan["dp"], plan["tp"], plan["pp"], plan["microbatches"]
+    L, h, s, V, a = model["layers"], model["hidden"], model["seq"], model["vocab"], model["heads"]
+    n_none, n_selective, n_full = counts
+    n = sum(counts)
+    b = model["batch"] / (dp * m)
+    w = 4 if model["precision"] == "fp32" else 2
+    act = s * b * h * w
+    nodes = node_of_ranks(cluster)
+    flops = [node["flops"] for node in cluster["nodes"] for _ in range(node["devices"])]
+    rank_ids = [r for r in range(len(nodes)) if r // (dp * tp) == j]
+    speed = min(flops[r] for r in rank_ids)
+
+    def link_of(groups):
+        crossing = any(len({nodes[r] for r in group}) > 1 for group in groups)
+        return cluster["inter" if crossing else "intra"]
+
+    tp_groups = [[r for r in rank_ids if r // tp == q] for q in {r // tp for r in rank_ids}]
+    dp_groups = [[r for r in rank_ids if r % tp == i] for i in range(tp)]
+    layer_forward = 2 * b * s * 12 * h * h + 4 * b * s * s * h  # 4 linears (12h² weights) + 2 attention products
+    forward = n * layer_forward + (2 * b * s * h * V if j == pp - 1 else 0)
+    again = n_full * layer_forward + n_selective * 4 * b * s * s * h
+    compute = (forward + 2 * forward + again) / tp / speed
+    tp_comm = (4 * n + 2 * n_full) * ring(act, tp, link_of(tp_groups))
+    p2p = 0.0
+    if j + 1 < pp:
+        p2p += _send(act / tp, link_of([[r, r + dp * tp] for r in rank_ids]))
+    if j > 0:
+        p2p += _send(act / tp, link_of([[r, r - dp * tp] for r in rank_ids]))
+    block = 12 * h * h + 13 * h
+    params = n * block
+    if j == 0:
+        params += V * h + s * h
+    if j == pp - 1:
+        params += 2 * h + (V * h if pp > 1 else 0)
+    psi = params / tp
+    weights_b, grads_b, _ = bytes_per_parameter(model["precision"], model["optimizer"])
+    dp_comm = ring(psi * grads_b, dp, link_of(dp_groups)) * (1.5 if plan["zero"] == 3 else 1)
+    in_flight = m if plan["schedule"] == "gpipe" else min(m, pp - j)
+    kept = (n_none * layer_bytes(model, b) + n_selective * layer_bytes(model, b, "selective")
+            + n_full * layer_bytes(model, b, "full"))
+    if j == pp - 1:
+        kept += 2 * act + 4 * s * b * V
+    if n_full:
+        redo = layer_bytes(model, b)
+    elif n_selective:
+        redo = layer_bytes(model, b) - layer_bytes(model, b, "selective")
+    else:
+        redo = 0
+    memory = zero_table(psi, dp, plan["zero"], model["precision"], model["optimizer"]) + (in_flight * kept + redo) / tp
+    return {"time": compute + tp_comm + p2p, "compute": compute, "tp_comm": tp_comm, "p2p": p2p,
+            "dp_comm": dp_comm, "parameters": psi, "memory": memory}
+
+
+def _send(nbytes, link):
+    return link["alpha"] + link["beta"] * nbytes
+
+
+def stage_counts(plan):
+    """[(none, selective, full) per stage] of a plan."""
+    counts, first = [], 0
+    for n in plan["stages"]:
+        kinds = plan["recompute"][first:first + n]
+        counts.append(tuple(kinds.count(k) for k in STRATEGIES))
+        first += n
+    return counts
+
+
+def cost(plan, model, cluster):
+    """{"time", "pipeline", "bubble", "memory", "stages"} of a valid plan."""
+    stages = [stage_of(plan, model, cluster, j, c) for j, c in enumerate(stage_counts(plan))]
+    m = plan["microbatches"]
+    slowest = max(st["time"] for st in stages)
+    pipeline = sum(st["time"] for st in stages) + (m - 1) * slowest
+    return {"time": pipeline + max(st["dp_comm"] for st in stages), "pipeline": pipeline,
+            "bubble": pipeline - m * slowest, "memory": max(st["memory"] for st in stages), "stages": stages}
+
+
+def fits(plan, model, cluster, budget):
+    """Every device's peak at most ``budget`` and its own memory."""
+    memory = [node["memory"] for node in cluster["nodes"] for _ in range(node["devices"])]
+    per_stage = plan["dp"] * plan["tp"]
+    stages = cost(plan, model, cluster)["stages"]
+    return all(st["memory"] <= min(budget, min(memory[j * per_stage:(j + 1) * per_stage]))
+               for j, st in enumerate(stages))
+
+
+def _count_vectors(n):
+    for full in range(n + 1):
+        for selective in range(n - full + 1):
+            yield (n - full - selective, selective, full)
+
+
+def best_plan(model, cluster, budget):
+    """(time, plan) of a fastest plan that fits, or (inf, None): every shape, ZeRO
+    stage, schedule and cut, each stage with its fastest fitting strategy counts."""
+    devices = sum(node["devices"] for node in cluster["nodes"])
+    memory = [node["memory"] for node in cluster["nodes"] for _ in range(node["devices"])]
+    best = (math.inf, None)
+    for dp, tp, pp, m in shapes(model, devices):
+        for zero, schedule in itertools.product(range(4), ("1f1b", "gpipe")):
+            plan = {"dp": dp, "tp": tp, "pp": pp, "microbatches": m, "zero": zero, "schedule": schedule}
+            caps = [min(budget, min(memory[j * dp * tp:(j + 1) * dp * tp])) for j in range(pp)]
+            fastest = {}  # (j, n) -> (stage cost, counts) or None
+
+            def choice(j, n):
+                if (j, n) not in fastest:
+                    found = None
+                    for counts in _count_vectors(n):
+                        st = stage_of(plan, model, cluster, j, counts)
+                        if st["memory"] <= caps[j] and (found is None or st["time"] < found[0]["time"]):
+                            found = (st, counts)
+                    fastest[j, n] = found
+                return fastest[j, n]
+
+            for cut in compositions(model["layers"], pp):
+                chosen = [choice(j, n) for j, n in enumerate(cut)]
+                if None in chosen:
+                    continue
+                times = [st["time"] for st, _ in chosen]
+                time = sum(times) + (m - 1) * max(times) + max(st["dp_comm"] for st, _ in chosen)
+                if time < best[0]:
+                    recompute = [k for _, counts in chosen for k, c in zip(STRATEGIES, counts) for _ in range(c)]
+                    best = (time, dict(plan, stages=cut, recompute=recompute))
+    return best
+
+
+def best_uniform_plan(model, cluster, budget):
+    """(time, plan): the fastest fitting plan with the layers cut as evenly as they go
+    (the first stages one more) and one strategy for every layer: a floor for a
+    search on clusters too large for ``best_plan``."""
+    devices = sum(node["devices"] for node in cluster["nodes"])
+    best = (math.inf, None)
+    L = model["layers"]
+    for dp, tp, pp, m in shapes(model, devices):
+        cut = [L // pp + (1 if j < L % pp else 0) for j in range(pp)]
+        for zero, schedule, kind in itertools.product(range(4), ("1f1b", "gpipe"), STRATEGIES):
+            plan = {"dp": dp, "tp": tp, "pp": pp, "microbatches": m, "zero": zero, "schedule": schedule,
+                    "stages": cut, "recompute": [kind] * L}
+            if fits(plan, model, cluster, budget):
+                time = cost(plan, model, cluster)["time"]
+                if time < best[0]:
+                    best = (time, plan)
+    return best
+
+
+def best_plan_per_layer(model, cluster, budget):
+    """(time, plan): every plan of the space, every strategy of every layer (tiny cases only)."""
+    devices = sum(node["devices"] for node in cluster["nodes"])
+    best = (math.inf, None)
+    for dp, tp, pp, m in shapes(model, devices):
+        for zero, schedule in itertools.product(range(4), ("1f1b", "gpipe")):
+            for cut in compositions(model["layers"], pp):
+                for recompute in itertools.product(STRATEGIES, repeat=model["layers"]):
+                    plan = {"dp": dp, "tp": tp, "pp": pp, "microbatches": m, "zero": zero, "schedule": schedule,
+                            "stages": cut, "recompute": list(recompute)}
+                    if fits(plan, model, cluster, budget):
+                        time = cost(plan, model, cluster)["time"]
+                        if time < best[0]:
+                            best = (time, plan)
+    return best
+
+
+def problem_with(plan, model, cluster):
+    """None when ``plan`` is a valid plan for ``model`` on ``cluster``, else what is wrong."""
+    if not isinstance(plan, dict):
+        return f"a plan is a dict, got {plan!r:.120}"
+    keys = ("dp", "tp", "pp", "microbatches", "zero", "schedule", "stages", "recompute")
+    if any(k not in plan for k in keys):
+        return f"the plan has no {', '.join(k for k in keys if k not in plan)}: {plan!r:.200}"
+    dp, tp, pp, m = (plan[k] for k in ("dp", "tp", "pp", "microbatches"))
+    if not all(isinstance(x, int) and x >= 1 for x in (dp, tp, pp, m)):
+        return f"dp, tp, pp and microbatches must be positive integers: {plan!r:.200}"
+    if (dp, tp, pp, m) not in set(shapes(model, sum(node["devices"] for node in cluster["nodes"]))):
+        return f"dp={dp}, tp={tp}, pp={pp}, microbatches={m} is not a shape of the search space"
+    if plan["zero"] not in range(4) or plan["schedule"] not in ("1f1b", "gpipe"):
+        return f"zero must be 0-3 and schedule '1f1b' or 'gpipe': {plan!r:.200}"
+    stages, recompute = plan["stages"], plan["recompute"]
+    if (not isinstance(stages, list) or len(stages) != pp or sum(stages) != model["layers"]
+            or min(stages) < 1):
+        return f"stages {stages!r} must give each of the {pp} stages at least one of the {model['layers']} layers"
+    if not isinstance(recompute, list) or len(recompute) != model["layers"] or not set(recompute) <= set(STRATEGIES):
+        return f"recompute must name one of {STRATEGIES} per layer: {recompute!r:.200}"
+    return None

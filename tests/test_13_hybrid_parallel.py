@@ -1,0 +1,167 @@
+"""Lab 13's grader: the planner's oracles are right (the ZeRO paper's numbers,
+module 07's estimate, the closed forms worked by hand, exhaustive search
+reduced to stage counts without losing the best plan) and a search that never
+returns costs its own check only; run_plan's single-process oracle is TinyGPT's
+own training, its shards reassemble the dense parameters, the α–β fit recovers
+known links, and Spearman's ρ behaves as the ranking check's docstring says."""
+import importlib.util
+import math
+import time
+
+import pytest
+import torch
+
+from autograder.sandbox import Limits, run_call
+from conftest import REPO, load_check_file
+
+LAB = "13-hybrid-parallel"
+CHECKS = REPO / "autograder" / "checks" / LAB
+checks = load_check_file(LAB, "check_planner")
+oracles = checks.oracles
+hybrid_harness = load_check_file(LAB, "harness_hybrid")
+hybrid_checks = load_check_file(LAB, "check_hybrid")
+
+
+def test_zero_table_gives_the_papers_figure_1():
+    # Rajbhandari et al. 2020, Figure 1: Ψ = 7.5B parameters on N = 64 devices, K = 12.
+    gb = [oracles.zero_table(7.5e9, 64, stage) / 1e9 for stage in range(4)]
+    assert gb == pytest.approx([120, 31.4, 16.6, 1.88], abs=0.05)
+
+
+def test_module07_peak_is_module_07s_estimate():
+    spec = importlib.util.spec_from_file_location("memory_budget", REPO / "solutions" / "07-training-memory"
+                                                  / "memory_budget.py")
+    lab07 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lab07)
+    for name, plan, model, _ in checks.MODULE07:
+        config = dict(model, checkpointing=plan["recompute"][0] == "full")
+        assert oracles.module07_peak(config) == lab07.estimate_train_memory(config)["peak"], name
+
+
+def test_cost_by_hand_on_two_stages():
+    # 2 stages of 1 device at 1e12 flop/s, tp = dp = 1, 2 microbatches of 1 sequence; h = 8, s = 4, V = 16.
+    model = {"layers": 3, "hidden": 8, "heads": 2, "seq": 4, "batch": 2, "vocab": 16, "dropout": 0.0,
+             "precision": "fp32", "optimizer": "sgd"}
+    where = {"nodes": [{"devices": 1, "flops": 1e12, "memory": 1e9}] * 2,
+             "intra": {"alpha": 1.0, "beta": 0.5}, "inter": {"alpha": 1e-6, "beta": 1e-9}}
+    plan = checks.plan(1, 1, 2, 2, [2, 1], ["none", "full", "selective"])
+    got = oracles.cost(plan, model, where)
+    layer = 24 * 4 * 8 * 8 + 4 * 4 * 4 * 8  # 24bsh² + 4bs²h with b = 1
+    head, attention = 2 * 4 * 8 * 16, 4 * 4 * 4 * 8
+    send = 1e-6 + 1e-9 * 4 * 8 * 4  # α + β X between the nodes, X = bsh·4 bytes
+    t0 = (3 * 2 * layer + layer) / 1e12 + send
+    t1 = (3 * (layer + head) + attention) / 1e12 + send
+    assert [st["time"] for st in got["stages"]] == pytest.approx([t0, t1], rel=1e-12)
+    assert got["pipeline"] == pytest.approx(t0 + t1 + max(t0, t1), rel=1e-12)
+    assert got["bubble"] == pytest.approx(min(t0, t1), rel=1e-12)
+    # 1F1B: stage 0 holds 2 microbatches, stage 1 one; fp32 SGD: 8 bytes per parameter.
+    block = 12 * 64 + 13 * 8
+    kept = 4 * (16 * 4 * 8 + 2 * 16)  # a kept layer: 16sbh + as²b elements of 4 bytes
+    assert got["stages"][0]["memory"] == (2 * block + 16 * 8 + 4 * 8) * 8 + 2 * (kept + 4 * 32) + kept
+    selective = 4 * 16 * 4 * 8
+    outside = 2 * 4 * 32 + 4 * 4 * 16
+    assert got["stages"][1]["memory"] == (block + 2 * 8 + 16 * 8) * 8 + selective + outside + (kept - selective)
+
+
+@pytest.mark.parametrize("devices, layers, budgets", [(2, 3, (8e10, 6e9, 4e9, 3e9)), (4, 2, (8e10, 3e9, 2e9, 1.5e9))])
+def test_best_plan_by_stage_counts_equals_every_plan_per_layer(devices, layers, budgets):
+    model = checks.gpt(layers=layers, hidden=2048, heads=16, seq=4096, batch=2, vocab=32000)
+    where = checks.cluster({"devices": devices, "flops": 3e14, "memory": 8e10})
+    times = []
+    for budget in budgets:
+        fast, slow = oracles.best_plan(model, where, budget), oracles.best_plan_per_layer(model, where, budget)
+        assert fast[0] == pytest.approx(slow[0], rel=1e-12), budget
+        times.append(fast[0])
+    assert len(set(times)) >= 3, times  # the budgets bind: the best plan changes with them
+
+
+def test_the_search_cases_bind_the_budget_and_differ():
+    """Each tight budget changes the best plan: a search that ignored memory would be caught."""
+    for prefix in ("8 devices", "6 layers", "two speeds"):
+        names = [n for n in checks.SEARCH_BY_NAME if n.startswith(prefix)]
+        bests = [oracles.best_plan(*checks.SEARCH_BY_NAME[n][1:4])[0] for n in names]
+        assert len(set(bests)) == len(bests), (prefix, bests)
+
+
+def test_a_search_that_never_returns_costs_its_own_check(tmp_path):
+    (tmp_path / "planner.py").write_text(
+        "def cost_model(plan, model, cluster):\n    return {'time': 1.0}\n\n"
+        "def search(model, cluster, budget):\n    while True:\n        try:\n            pass\n"
+        "        except Exception:\n            pass\n")
+    queries = {"cost_model": [[{}, {}, {}]], "search": [[{}, {}, 1.0, 1], [{}, {}, 1.0, 1]]}
+    request = {"submission": str(tmp_path), "target": {"kind": "harness", "path": str(CHECKS / "harness.py"),
+                                                     "func": "planner_answers"}, "args": [queries], "kwargs": {}}
+    start = time.monotonic()
+    outcome = run_call(request, Limits(timeout_s=30, memory_mb=2048))
+    assert outcome.status == "ok", outcome
+    assert [answer[0].get("hung") for answer in outcome.value["search"]] == [1, 1]
+    assert outcome.value["cost_model"] == [{"value": {"time": 1.0}, "seconds": pytest.approx(0, abs=1)}]
+    assert time.monotonic() - start < 20
+    assert not math.isnan(outcome.value["search"][0][0]["seconds"])
+
+
+# --- run_plan's grader ---------------------------------------------------------------------------
+
+def test_oracle_trains_tinygpt_as_its_own_loss_does():
+    model = dict(hybrid_checks.gpt(), steps=2)
+    losses, params = hybrid_harness.single_process(model)
+    gpt = hybrid_harness._dense(model)  # the same start: torch.manual_seed(seed), float32, cast to float64
+    optimizer = torch.optim.SGD(gpt.parameters(), lr=model["lr"])
+    tokens, targets = hybrid_harness._data(model)
+    for step in range(2):
+        loss = gpt(tokens[step], targets[step])  # TinyGPT's own loss (computed in float32)
+        assert loss.item() == pytest.approx(losses[step], rel=1e-6)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    for name, p in gpt.named_parameters():
+        torch.testing.assert_close(p.detach(), params[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_shards_reassemble_every_dense_parameter(tp):
+    gpt = hybrid_harness._dense(hybrid_checks.gpt())
+    h = gpt.config.hidden
+    for name, p in gpt.named_parameters():
+        parts = [hybrid_harness.shard(name, p.detach(), t, tp) for t in range(tp)]
+        if name.endswith(("qkv.weight", "qkv.bias")):  # each rank: its heads of q, then of k, then of v
+            whole = torch.cat([torch.cat([part.chunk(3)[i] for part in parts]) for i in range(3)])
+        elif name.endswith(("proj.weight", "fc2.weight")):
+            whole = torch.cat(parts, dim=1)
+        elif parts[0].shape == p.shape:
+            assert all(part is parts[0] or torch.equal(part, p) for part in parts), name
+            whole = parts[0]
+        else:
+            whole = torch.cat(parts)
+        assert torch.equal(whole, p.detach()), name
+        if name.endswith("qkv.weight"):
+            assert parts[0].shape == (3 * h // tp, h)
+
+
+def test_alpha_beta_fit_recovers_a_ring():
+    alpha, beta = 2e-4, 1e-9
+    samples = [(p, n, 2 * (p - 1) * alpha + 2 * (p - 1) / p * n * beta) for p in (2, 4)
+               for n in (256, 4096, 2**20, 2**23)]
+    got_alpha, got_beta = hybrid_harness.fit_alpha_beta(samples)
+    assert got_alpha == pytest.approx(alpha, rel=1e-9)
+    assert got_beta == pytest.approx(beta, rel=1e-9)
+    flat = [(p, n, 1e-3) for p, n, _ in samples]  # no bandwidth term at all: β stays positive
+    assert min(hybrid_harness.fit_alpha_beta(flat)) > 0
+
+
+def test_spearman_as_the_ranking_check_says():
+    assert hybrid_checks.spearman([1, 2, 3, 4, 5, 6], [10, 20, 30, 40, 50, 60]) == pytest.approx(1)
+    assert hybrid_checks.spearman([6, 5, 4, 3, 2, 1], [1, 2, 3, 4, 5, 6]) == pytest.approx(-1)
+    two_swaps = hybrid_checks.spearman([2, 1, 3, 4, 6, 5], [1, 2, 3, 4, 5, 6])
+    swapped_two_apart = hybrid_checks.spearman([3, 2, 1, 4, 5, 6], [1, 2, 3, 4, 5, 6])
+    assert two_swaps == pytest.approx(1 - 6 * 4 / 210) and two_swaps >= hybrid_checks.MIN_SPEARMAN
+    assert swapped_two_apart == pytest.approx(1 - 6 * 8 / 210) and swapped_two_apart < hybrid_checks.MIN_SPEARMAN
+    assert math.isnan(hybrid_checks.spearman([1, 1, 1, 1, 1, 1], [1, 2, 3, 4, 5, 6]))
+    assert hybrid_checks._ranks([3, 1, 3, 2]) == [3.5, 1, 3.5, 2]
+
+
+def test_ranked_plans_use_four_devices_and_differ():
+    for entry in hybrid_checks.RANKED:
+        p, m = entry["plan"], entry["model"]
+        assert p["dp"] * p["tp"] == hybrid_checks.WORLD and p["pp"] == 1 and m["steps"] >= 3
+    assert len({repr(e) for e in hybrid_checks.RANKED}) == len(hybrid_checks.RANKED)

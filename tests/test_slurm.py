@@ -1,0 +1,229 @@
+"""The course on SLURM: jobs submitted with ``sbatch --wait`` to the one-node
+cluster of ``scripts/slurm-localhost.sh`` give what the same work gives
+without SLURM.
+
+- a 4-rank MPI job (module 06's ``allreduce_ring``), from lab 13's
+  ``make_sbatch`` (srun, ``--mpi=pmi2``, overcommitted on 2 CPUs), against
+  the same script under this environment's ``mpiexec``;
+- the 4-process DP x TP torch job of lab 13 (``hybrid.run_plan``), one
+  torchrun started by srun with a c10d rendezvous, against ``torchrun
+  --standalone``;
+- ``k2c grade 13`` inside an allocation (only the fast cluster checks, to
+  keep this file's time down), against the reference's known full mark.
+
+Each rank also records ``rank_from_env`` of its real environment. The
+module's fixture starts the cluster (a no-op when it is up). Without SLURM
+installed the tests skip ("no SLURM ..."), but with ``CI`` set they fail: CI
+installs SLURM (.ci/run) and must run them. They share one xdist worker
+(``--dist loadgroup``): they share the cluster's 2 CPUs, so they run in turn.
+"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import load_check_file
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "slurm-localhost.sh"
+BIN = Path(sys.executable).parent
+LAB13 = REPO / "solutions" / "13-hybrid-parallel"
+COLLECTIVES = REPO / "solutions" / "06-collectives"
+JOB_TIMEOUT_S = 150  # a job waits for the others of the test suite on 2 CPUs; each takes 5-30 s alone
+
+pytestmark = pytest.mark.xdist_group("slurm")
+
+
+def _reference_cluster():
+    """Lab 13's reference ``cluster.py`` (make_sbatch, rank_from_env), under a name of its own."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lab13_reference_cluster", LAB13 / "cluster.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+cluster = _reference_cluster()
+
+
+def _unavailable(reason):
+    """Skip, or under CI (which installs SLURM) fail: there the SLURM tests must run."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} — CI must run the SLURM tests (.ci/run installs slurm-wlm and munge)", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """The localhost cluster, up."""
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+    missing = [c for c in ("sbatch", "srun", "scontrol", "slurmctld", "slurmd", "munged")
+               if not shutil.which(c, path=path)]
+    if missing:
+        _unavailable(f"no SLURM here: {', '.join(missing)} not installed "
+                     f"(apt-get install slurm-wlm munge, or sudo scripts/slurm-localhost.sh install)")
+    started = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True, timeout=120)
+    if started.returncode != 0:
+        _unavailable(f"no SLURM cluster: scripts/slurm-localhost.sh start failed: "
+                     f"{(started.stderr or started.stdout).strip()[-600:]}")
+
+
+def _env():
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+
+def _submit(script_text, folder, name):
+    """``sbatch --wait`` on the script, started (not waited for); its log is ``folder/name.log``."""
+    path = folder / f"{name}.sbatch"
+    path.write_text(script_text)
+    log = folder / f"{name}.log"
+    return subprocess.Popen(["sbatch", "--wait", "--chdir", str(folder), "--output", str(log), str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env()), log
+
+
+def _finish(job, log, what, name):
+    """Wait for ``sbatch --wait``; fail with the job's log unless the job (called ``name``) succeeded."""
+    try:
+        out, _ = job.communicate(timeout=JOB_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        subprocess.run(["scancel", "--name", name], capture_output=True)
+        pytest.fail(f"{what}: sbatch --wait still waiting after {JOB_TIMEOUT_S} s")
+    text = log.read_text()[-3000:] if log.exists() else "(no log)"
+    assert job.returncode == 0, f"{what}: sbatch --wait exited with {job.returncode}: {out}\n--- job log:\n{text}"
+    return text
+
+
+def _records(folder, prefix, n):
+    found = {}
+    for path in sorted(folder.glob(f"{prefix}-rank*.json")):
+        record = json.loads(path.read_text())
+        found[record["rank"]] = record
+    assert sorted(found) == list(range(n)), f"{prefix}: records of ranks {sorted(found)}, want 0..{n - 1}"
+    return [found[r] for r in range(n)]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# Every rank: its environment as rank_from_env reads it (None and the error without a launcher's variables).
+WHO = textwrap.dedent(f"""
+    import os, sys
+    sys.path.insert(0, {str(LAB13)!r})
+    import cluster
+    try:
+        who = cluster.rank_from_env(dict(os.environ))
+    except ValueError as exc:
+        who = {{"error": str(exc)}}
+    sys.path.pop(0)
+""")
+
+ALLREDUCE = WHO + textwrap.dedent(f"""
+    import json
+    sys.path.insert(0, {str(COLLECTIVES)!r})
+    import numpy as np
+    from mpi4py import MPI
+    import collectives
+    comm = MPI.COMM_WORLD
+    x = np.arange(12, dtype=np.float64) * (comm.rank + 1) + comm.rank
+    total = collectives.allreduce_ring(comm, x)
+    with open(f"{{sys.argv[1]}}-rank{{comm.rank}}.json", "w") as f:
+        json.dump({{"rank": comm.rank, "size": comm.size, "total": total.tolist(), "who": who}}, f)
+""")
+
+
+def test_mpi_allreduce_under_sbatch_equals_mpiexec(slurm, tmp_path):
+    (tmp_path / "allreduce.py").write_text(ALLREDUCE)
+    job = {"name": "k2c-test-mpi", "nodes": 1, "kind": "mpi", "tasks_per_node": 4, "launcher": "srun",
+           "srun_mpi": "pmi2", "overcommit": True, "time": "5",  # 4 ranks on a 2-CPU node
+           "command": [sys.executable, str(tmp_path / "allreduce.py"), "slurm"]}
+    submitted, log = _submit(cluster.make_sbatch(job), tmp_path, "mpi")
+    outside = subprocess.run([str(BIN / "mpiexec"), "-launcher", "fork", "-n", "4", sys.executable,
+                              str(tmp_path / "allreduce.py"), str(tmp_path / "plain")],
+                             capture_output=True, text=True, timeout=JOB_TIMEOUT_S, env=_env(), cwd=tmp_path)
+    assert outside.returncode == 0, outside.stdout + outside.stderr
+    _finish(submitted, log, "the MPI job", job["name"])
+
+    want = sum(np.arange(12, dtype=np.float64) * (r + 1) + r for r in range(4)).tolist()
+    for where in ("slurm", "plain"):
+        for r, record in enumerate(_records(tmp_path, where, 4)):
+            assert record["size"] == 4, f"{where}: rank {r} is in a world of {record['size']}, not 4"
+            assert record["total"] == want, f"{where}: rank {r} summed {record['total']}"
+    for r, record in enumerate(_records(tmp_path, "slurm", 4)):
+        assert record["who"] == {"rank": r, "local_rank": r, "world_size": 4, "node": 0, "nodes": 1,
+                                 "launcher": "slurm"}, record["who"]
+    assert all("error" in record["who"] for record in _records(tmp_path, "plain", 4))
+
+
+TRAIN = WHO + textwrap.dedent(f"""
+    import json
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    sys.path.insert(0, {str(LAB13)!r})
+    import hybrid
+    L = 2
+    plan = {{"dp": 2, "tp": 2, "pp": 1, "microbatches": 1, "zero": 0, "schedule": "1f1b", "stages": [L],
+             "recompute": ["none"] * L}}
+    model = {{"layers": L, "hidden": 16, "heads": 4, "seq": 8, "batch": 8, "vocab": 32, "dropout": 0.0,
+              "precision": "fp32", "optimizer": "sgd", "steps": 2, "seed": 0}}
+    out = hybrid.run_plan(plan, model)
+    record = {{"rank": dist.get_rank(), "size": dist.get_world_size(), "who": who}}
+    if dist.get_rank() == 0:
+        record["losses"] = [float(loss) for loss in out["losses"]]
+    with open(f"{{sys.argv[1]}}-rank{{dist.get_rank()}}.json", "w") as f:
+        json.dump(record, f)
+    dist.destroy_process_group()
+""")
+
+
+def test_dp_tp_torch_job_under_sbatch_equals_torchrun(slurm, tmp_path):
+    (tmp_path / "train.py").write_text(TRAIN)
+    port = _free_port()
+    job = {"name": "k2c-test-torch", "nodes": 1, "kind": "torch", "procs_per_node": 4, "port": port,
+           "torchrun": str(BIN / "torchrun"), "time": "5", "command": [str(tmp_path / "train.py"), "slurm"]}
+    submitted, log = _submit(cluster.make_sbatch(job), tmp_path, "torch")
+    outside = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "4",
+                              str(tmp_path / "train.py"), str(tmp_path / "plain")],
+                             capture_output=True, text=True, timeout=JOB_TIMEOUT_S, env=_env(), cwd=tmp_path)
+    assert outside.returncode == 0, (outside.stdout + outside.stderr)[-3000:]
+    _finish(submitted, log, "the torch job", job["name"])
+
+    slurm_records, plain_records = _records(tmp_path, "slurm", 4), _records(tmp_path, "plain", 4)
+    losses = slurm_records[0]["losses"]
+    assert len(losses) == 2 and all(np.isfinite(losses)), losses
+    assert losses == plain_records[0]["losses"], (f"under SLURM {losses}, torchrun --standalone "
+                                                  f"{plain_records[0]['losses']}")
+    for r, record in enumerate(slurm_records):
+        who = record["who"]
+        assert who["launcher"] == "torchrun" and (who["rank"], who["local_rank"], who["world_size"], who["node"],
+                                                  who["nodes"]) == (r, r, 4, 0, 1), who
+
+
+def test_grading_inside_an_allocation_gives_the_full_mark(slurm, tmp_path):
+    # Only the cluster checks (a few seconds): the other checks of lab 13 are graded by the other tests.
+    report = tmp_path / "report.json"
+    command = (f"{BIN / 'k2c'} grade 13 --submission {REPO / 'solutions'} -k check_cluster "
+               f"--format json -o {report}")
+    log = tmp_path / "grade.log"
+    proc = subprocess.run(["sbatch", "--wait", "--job-name", "k2c-test-grade", "--time", "5", "--chdir", str(REPO),
+                           "--output", str(log), "--wrap", command],
+                          capture_output=True, text=True, timeout=JOB_TIMEOUT_S, env=_env())
+    job_log = log.read_text()[-3000:] if log.exists() else "(no log)"
+    assert proc.returncode == 0, f"{proc.stdout}{proc.stderr}\n--- job log:\n{job_log}"
+    result = json.loads(report.read_text())
+    checks = load_check_file("13-hybrid-parallel", "check_cluster")
+    names = {name[len("check_"):] for name in dir(checks) if name.startswith("check_")}
+    assert {t["name"] for t in result["tests"]} == names
+    assert [t for t in result["tests"] if t["status"] != "passed"] == []
+    assert result["score"] == result["max_score"] > 0, (result["score"], result["max_score"])
