@@ -270,3 +270,54 @@ def load_beside(check_file: str, name: str):
         spec.loader.exec_module(module)
         sys.modules[key] = module
     return sys.modules[key]
+
+
+def plain(value, tuples=True):
+    """A student's value as plain data the codec carries (None, bools, numbers,
+    str, lists, tuples, dicts with str keys): numpy and torch scalars become
+    Python numbers, anything else its repr. ``tuples=False`` turns tuples into
+    lists, for answers that a check reads as lists either way."""
+    import numbers
+
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, tuple) and tuples:
+        return tuple(plain(v, tuples) for v in value)
+    if isinstance(value, (list, tuple)):
+        return [plain(v, tuples) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain(v, tuples) for k, v in value.items()}
+    try:  # a 0-d tensor or array
+        return float(value)
+    except (TypeError, ValueError):
+        return repr(value)[:200]
+
+
+class TooLong(BaseException):
+    """Raised by ``within`` when time is up; a BaseException, so that student code's
+    own ``except Exception`` does not swallow it."""
+
+
+def within(seconds, function, *args):
+    """``function(*args)``, stopped with ``TooLong`` after ``seconds`` (a student's
+    function that loops forever costs its own query only). Runs unguarded where no
+    timer signal can be set (not the main thread)."""
+    import signal
+
+    def stop(*_):
+        raise TooLong()
+    try:
+        previous = signal.signal(signal.SIGALRM, stop)
+    except ValueError:  # not the main thread
+        return function(*args)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return function(*args)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+

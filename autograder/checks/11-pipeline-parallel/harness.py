@@ -22,7 +22,7 @@ done, so after a hang the files say which case it was; the cases after it are
 not run (they use the same code and would hang as long), see
 ``autograder.checking.run_cases``.
 """
-from autograder.checking import rank_records, run_cases, save_record
+from autograder.checking import TooLong, plain, rank_records, run_cases, save_record, within
 from course import dist as launcher
 
 DIMS = (5, 8, 8, 8, 8, 8, 8, 8, 3)  # 8 Linear layers; every stage boundary carries width 8
@@ -33,32 +33,12 @@ JOB_TIMEOUT_S = 30
 DEADLOCK_GUARD_S = 2  # seconds; simulating these 2-device schedules takes microseconds
 
 
-def _plain(value):
-    """The student's value as plain data the codec carries (numbers, str, lists, tuples, dicts)."""
-    import numbers
-
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_plain(v) for v in value) if isinstance(value, tuple) else [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    try:  # a 0-d tensor or array
-        return float(value)
-    except (TypeError, ValueError):
-        return repr(value)[:200]
-
-
 def _answer_all(function, calls):
     """[plain value or {"error", "call"}] for each (args, call text); {"not_implemented"} for a stub."""
     answers = []
     for args, call in calls:
         try:
-            answers.append(_plain(function(*args)))
+            answers.append(plain(function(*args)))
         except NotImplementedError as exc:
             return {"not_implemented": str(exc)}
         except Exception as exc:  # the check says what the call raised
@@ -90,29 +70,6 @@ def formulas(queries):
     return answers
 
 
-class _TooLong(Exception):
-    pass
-
-
-def _within(seconds, function, *args):
-    """``function(*args)``, stopped with ``_TooLong`` after ``seconds`` (a simulator that
-    loops forever on a deadlock); without a guard where no timer signal can be set."""
-    import signal
-
-    def stop(*_):
-        raise _TooLong()
-    try:
-        previous = signal.signal(signal.SIGALRM, stop)
-    except ValueError:  # not the main thread
-        return function(*args)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        return function(*args)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def simulate_deadlocks(schedules, seconds=DEADLOCK_GUARD_S):
     """Per schedule: {"error": what simulate raised}, {"value": what it returned} or
     {"hung": seconds} when it ran longer than ``seconds``."""
@@ -121,8 +78,8 @@ def simulate_deadlocks(schedules, seconds=DEADLOCK_GUARD_S):
     outcomes = []
     for schedule in schedules:
         try:
-            outcomes.append({"value": _plain(_within(seconds, pipeline.simulate, schedule, 1, 2))})
-        except _TooLong:
+            outcomes.append({"value": plain(within(seconds, pipeline.simulate, schedule, 1, 2))})
+        except TooLong:
             outcomes.append({"hung": seconds})
         except NotImplementedError as exc:
             return {"not_implemented": str(exc)}
@@ -200,7 +157,7 @@ def rank_side(cases, folder):
             for (param_name, param), grad in zip(stage.named_parameters(), want):
                 label = f"stage_module.{param_name}"
                 errors.append((label, None if param.grad is None else float((param.grad - grad).abs().max())))
-            record.update(errors=errors, loss=_plain(loss), oracle_loss=oracle_loss)
+            record.update(errors=errors, loss=plain(loss), oracle_loss=oracle_loss)
         except NotImplementedError as exc:  # a stub raises on every rank before any message
             record = {"status": "not_implemented", "message": str(exc)}
         tdist.barrier()  # no case's stray message can reach the next one

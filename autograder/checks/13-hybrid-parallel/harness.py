@@ -11,44 +11,11 @@ answers ``{"not_implemented": message}`` for all its queries.
 The run_plan and SLURM checks' grader code lives in ``harness_hybrid.py`` and
 ``harness_cluster.py``, re-exported here: a lab has one harness module.
 """
-import signal
 import time
 
+from autograder.checking import TooLong, plain, within
+
 SEARCH_LIMIT_S = 10  # per search query; the reference takes well under a second on the small ones
-
-
-def _plain(value):
-    """The student's value as plain data the codec carries."""
-    import numbers
-
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    return repr(value)[:200]
-
-
-class _TooLong(BaseException):  # not caught by a search's own "except Exception"
-    pass
-
-
-def _within(seconds, function, *args):
-    """``function(*args)``, stopped with ``_TooLong`` after ``seconds``."""
-    def stop(*_):
-        raise _TooLong()
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        return function(*args)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def _answers(function, calls, limit=None):
@@ -56,9 +23,9 @@ def _answers(function, calls, limit=None):
     for args in calls:
         start = time.perf_counter()
         try:
-            value = _within(limit, function, *args) if limit else function(*args)
-            answer = {"value": _plain(value)}
-        except _TooLong:
+            value = within(limit, function, *args) if limit else function(*args)
+            answer = {"value": plain(value, tuples=False)}
+        except TooLong:
             answer = {"hung": limit}
         except NotImplementedError as exc:
             return {"not_implemented": str(exc) or f"{function.__name__} is not implemented yet"}

@@ -31,12 +31,15 @@ import subprocess
 import sys
 import tempfile
 
+from autograder.checking import plain
+
 FAKES = ("scontrol", "srun", "torchrun", "mpiexec")
 EXTRA_MPIEXEC = "mpich 4.1/bin"  # also a fake mpiexec here: a path with a space, which the script must quote
 RUN_TIMEOUT_S = 10  # a script that runs only fakes ends in well under a second
 
 FAKE = r'''#!{python} -IS
 import json, os, sys
+
 name = os.path.basename(sys.argv[0])
 with open(os.environ["K2C_FAKE_LOG"], "a") as log:
     log.write(json.dumps({{"prog": sys.argv[0], "name": name, "argv": sys.argv[1:]}}) + "\n")
@@ -49,27 +52,10 @@ if name == "scontrol" and sys.argv[1:3] == ["show", "hostnames"]:
 '''
 
 
-def _plain(value):
-    """The student's value as plain data the codec carries."""
-    import numbers
-
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    return repr(value)[:200]
-
-
 def _call(function, *args):
     """{"value"} or {"error", "type"}; NotImplementedError goes through."""
     try:
-        return {"value": _plain(function(*args))}
+        return {"value": plain(function(*args), tuples=False)}
     except NotImplementedError:
         raise
     except Exception as exc:  # the check says what the call raised
