@@ -32,7 +32,9 @@ cluster built from the measurement, and its ranking of the plans must agree
 with the measured one: Spearman's ρ ≥ ``MIN_SPEARMAN`` = 0.8. With 6 plans
 that allows two swaps of neighbours (ρ = 0.89), which noise on a shared
 machine can cause, but not a swap of two plans two places apart (ρ = 0.77);
-the same prediction for every plan has no ρ and fails. Only the
+the same prediction for every plan has no ρ and fails. Below the threshold
+the plans are timed once more and each keeps its faster time (noise only
+slows a step), so a busy machine costs time, not points. Only the
 ranking is graded: the cost model leaves out what a step spends in Python
 and in memory-bound updates, so predicted seconds are not measured ones.
 """
@@ -264,6 +266,13 @@ def check_run_plan_times_ranked_by_cost_model(submission, metrics):
             raise AssertionError(f"cost_model({_describe(entry)}) predicts a step time of {seconds!r} s; a time "
                                  "is a positive number of seconds")
     rho = spearman(predicted_s, times)
+    if rho < MIN_SPEARMAN:
+        # Other work on the machine can slow one plan's steps: time the plans once more and keep
+        # each plan's faster measurement (a step time's noise only ever adds).
+        again = submission.harness("hybrid_measure_job", RANKED)
+        if again["status"] == "ok" and all(e["step_time_s"] is not None for e in again["entries"]):
+            times = [min(a, e["step_time_s"]) for a, e in zip(times, again["entries"])]
+            rho = spearman(predicted_s, times)
     metrics.update({"spearman": None if math.isnan(rho) else rho, "flops": cluster["nodes"][0]["flops"],
                     "alpha": measured["alpha"], "beta": measured["beta"], "measured_s": times,
                     "predicted_s": predicted_s})
