@@ -9,6 +9,8 @@ called them (``isend``, ``batch_isend_irecv``, ``all_to_all_single``,
 code, and ``Work.wait()`` calls, so the order of posts, compute and waits
 says whether a transfer overlapped compute. Lectures and the grader use the
 same log (lab 12's checks count ring and Ulysses messages with it).
+``SavedActivations`` counts the bytes autograd saves for backward while it is
+open (lectures 10, 12 and 13 measure activation memory with it).
 
     with OpLog() as log, log.phase("forward"):
         out = ring_attention(q, k, v)
@@ -154,3 +156,33 @@ class OpLog:
                 overlapped += computed
                 posted = computed = False
         return transfers, overlapped
+
+
+class SavedActivations:
+    """Bytes of the distinct storages autograd saves for backward while the context is
+    open (``torch.autograd.graph.saved_tensors_hooks``), leaving out ``exclude``
+    (the parameters: they are memory anyway, not activations)."""
+
+    def __init__(self, exclude=()):
+        self.skip = {t.untyped_storage().data_ptr() for t in exclude}
+        self.storages = {}
+
+    def _pack(self, t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in self.skip:
+            self.storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    def __enter__(self):
+        import torch
+
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self.hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.hooks.__exit__(*exc)
+
+    @property
+    def nbytes(self):
+        return sum(self.storages.values())

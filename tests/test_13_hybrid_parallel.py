@@ -13,6 +13,7 @@ import torch
 
 from autograder.sandbox import Limits, run_call
 from conftest import REPO, load_check_file
+from course import fits
 
 LAB = "13-hybrid-parallel"
 CHECKS = REPO / "autograder" / "checks" / LAB
@@ -142,22 +143,22 @@ def test_alpha_beta_fit_recovers_a_ring():
     alpha, beta = 2e-4, 1e-9
     samples = [(p, n, 2 * (p - 1) * alpha + 2 * (p - 1) / p * n * beta) for p in (2, 4)
                for n in (256, 4096, 2**20, 2**23)]
-    got_alpha, got_beta = hybrid_harness.fit_alpha_beta(samples)
+    got_alpha, got_beta = fits.ring_allreduce_fit(samples)
     assert got_alpha == pytest.approx(alpha, rel=1e-9)
     assert got_beta == pytest.approx(beta, rel=1e-9)
     flat = [(p, n, 1e-3) for p, n, _ in samples]  # no bandwidth term at all: β stays positive
-    assert min(hybrid_harness.fit_alpha_beta(flat)) > 0
+    assert min(fits.ring_allreduce_fit(flat)) > 0
 
 
 def test_spearman_as_the_ranking_check_says():
-    assert hybrid_checks.spearman([1, 2, 3, 4, 5, 6], [10, 20, 30, 40, 50, 60]) == pytest.approx(1)
-    assert hybrid_checks.spearman([6, 5, 4, 3, 2, 1], [1, 2, 3, 4, 5, 6]) == pytest.approx(-1)
-    two_swaps = hybrid_checks.spearman([2, 1, 3, 4, 6, 5], [1, 2, 3, 4, 5, 6])
-    swapped_two_apart = hybrid_checks.spearman([3, 2, 1, 4, 5, 6], [1, 2, 3, 4, 5, 6])
+    assert fits.spearman([1, 2, 3, 4, 5, 6], [10, 20, 30, 40, 50, 60]) == pytest.approx(1)
+    assert fits.spearman([6, 5, 4, 3, 2, 1], [1, 2, 3, 4, 5, 6]) == pytest.approx(-1)
+    two_swaps = fits.spearman([2, 1, 3, 4, 6, 5], [1, 2, 3, 4, 5, 6])
+    swapped_two_apart = fits.spearman([3, 2, 1, 4, 5, 6], [1, 2, 3, 4, 5, 6])
     assert two_swaps == pytest.approx(1 - 6 * 4 / 210) and two_swaps >= hybrid_checks.MIN_SPEARMAN
     assert swapped_two_apart == pytest.approx(1 - 6 * 8 / 210) and swapped_two_apart < hybrid_checks.MIN_SPEARMAN
-    assert math.isnan(hybrid_checks.spearman([1, 1, 1, 1, 1, 1], [1, 2, 3, 4, 5, 6]))
-    assert hybrid_checks._ranks([3, 1, 3, 2]) == [3.5, 1, 3.5, 2]
+    assert math.isnan(fits.spearman([1, 1, 1, 1, 1, 1], [1, 2, 3, 4, 5, 6]))
+    assert fits.ranks([3, 1, 3, 2]) == [3.5, 1, 3.5, 2]
 
 
 def test_ranked_plans_use_four_devices_and_differ():

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from course.models import GPTBlock
 from course.timing import measure
-from course.torch_audit import OpLog
+from course.torch_audit import OpLog, SavedActivations
 
 # --- 1. one block of keys, and the merge ----------------------------------------------------------
 
@@ -133,21 +133,9 @@ class BlockwiseGPTBlock(GPTBlock):
 def saved_bytes(module, x):
     """Bytes of the distinct storages autograd saves for backward while ``module(x)``
     runs, leaving out the module's parameters and buffers (lecture 07's tool)."""
-    own = {t.untyped_storage().data_ptr() for t in [*module.parameters(), *module.buffers()]}
-    saved = {}
-
-    def pack(t):
-        key = t.untyped_storage().data_ptr()
-        if key not in own:
-            saved[key] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with SavedActivations(exclude=[*module.parameters(), *module.buffers()]) as saved:
         module(x)
-    return sum(saved.values())
-
-
-# --- 4. on the ranks: ring and Ulysses --------------------------------------------------------------
+    return saved.nbytes
 
 
 def ring_attention(q, k, v):

@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from course.torch_audit import SavedActivations
+
 S, B, H, HEADS, VOCAB = 8, 2, 16, 4, 32   # sequence, batch, hidden, attention heads, vocabulary
 FFN = 4 * H
 DTYPE = torch.float64
@@ -168,34 +170,6 @@ def ring_bytes_sent(calls, t):
     """Bytes one rank sends with ring algorithms (module 06): all-reduce 2(t−1)/t
     of the vector, all-gather and reduce-scatter (t−1)/t."""
     return sum((2 if name == "all_reduce" else 1) * (t - 1) / t * nbytes for _, name, nbytes in calls)
-
-
-class SavedActivations:
-    """Bytes of the distinct storages autograd saves for backward while the context is
-    open (``torch.autograd.graph.saved_tensors_hooks``), leaving out ``exclude``
-    (the parameters: they are memory anyway, not activations)."""
-
-    def __init__(self, exclude=()):
-        self.skip = {t.untyped_storage().data_ptr() for t in exclude}
-        self.storages = {}
-
-    def _pack(self, t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in self.skip:
-            self.storages[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    def __enter__(self):
-        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-        self.hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.hooks.__exit__(*exc)
-
-    @property
-    def nbytes(self):
-        return sum(self.storages.values())
 
 
 def max_error(a, b):

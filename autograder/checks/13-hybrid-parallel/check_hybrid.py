@@ -43,6 +43,7 @@ import math
 import pytest
 
 from autograder.submission import failure_from, not_implemented_yet
+from course.fits import spearman
 
 TOL = 1e-9
 WORLD = 4
@@ -208,30 +209,6 @@ def check_run_plan_rejects_unsupported_plans(submission):
 
 
 # --- the cost model against measured step times ------------------------------------------------------
-
-def _ranks(values):
-    """Ranks 1..n, ties sharing their mean rank."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
-
-
-def spearman(x, y):
-    """Spearman's rank correlation (the Pearson correlation of the ranks); nan when either is constant."""
-    rx, ry = _ranks(x), _ranks(y)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
-    return sxy / math.sqrt(sxx * syy) if sxx and syy else float("nan")
-
 
 def measured_cluster(measured):
     """The cluster description of this machine from ``hybrid_measure_job``'s answer."""

@@ -46,6 +46,7 @@ call: ``[{"time": float} or {"error": "..."}]`` (a stub: ``{"not_implemented"}``
 """
 from autograder.checking import run_cases, save_record
 from course import dist as launcher
+from course.fits import ring_allreduce_fit
 
 WORLD = 4
 CASES_TIMEOUT_S = 40  # a correct job of every case takes ~10 s on 2 cores; this is for deadlocks
@@ -271,22 +272,6 @@ def _allreduce_times():
     return found
 
 
-def fit_alpha_beta(samples):
-    """(alpha, beta) of the ring all-reduce formula fitted to [(p, bytes, seconds)] by least squares
-    on relative error; alpha at least 1 ns and beta at least 1e-12 s/byte."""
-    import numpy as np
-
-    a = np.array([[2 * (p - 1), 2 * (p - 1) / p * n] for p, n, _ in samples], dtype=float)
-    t = np.array([s for _, _, s in samples], dtype=float)
-    scaled, ones = a / t[:, None], np.ones_like(t)
-    alpha, beta = np.linalg.lstsq(scaled, ones, rcond=None)[0]
-    if beta <= 0:  # noise hid the bandwidth term: latency alone
-        alpha, beta = np.linalg.lstsq(scaled[:, :1], ones, rcond=None)[0][0], 0.0
-    elif alpha <= 0:  # or the latency term: bandwidth alone
-        alpha, beta = 0.0, np.linalg.lstsq(scaled[:, 1:], ones, rcond=None)[0][0]
-    return max(float(alpha), 1e-9), max(float(beta), 1e-12)
-
-
 def _step_times(student, plan, model):
     """(seconds per step after the first, run_plan's result): the shortest time between consecutive
     ``torch.optim`` steps, seen by a global optimizer hook (one step, one ``optimizer.step()``)."""
@@ -343,7 +328,7 @@ def hybrid_measure_job(entries):
     rank0 = job.results[0]
     if "not_implemented" in rank0:
         return {"status": "not_implemented", "message": rank0["not_implemented"]}
-    alpha, beta = fit_alpha_beta(rank0["allreduce"])
+    alpha, beta = ring_allreduce_fit(rank0["allreduce"])
     # Rank 0's step times: every rank's step ends in the same collectives, so the ranks agree closely.
     return {"status": "ok", "flops": statistics.median(rank0["flops_per_rank"]),
             "alpha": alpha, "beta": beta,
