@@ -31,6 +31,7 @@ class LabResult:
     duration_s: float = 0.0
     isolation: dict = field(default_factory=dict)  # autograder.isolation.Isolation.as_dict()
     checks_digest: str = ""  # sha256 of the lab's check files that graded it
+    student_s: float = 0.0  # of duration_s, the wall time inside calls into the student's code
 
     @property
     def score(self) -> float:
@@ -85,6 +86,10 @@ def _grade_folder(lab, folder, graded, missing, tier, timeout_s, select, on_resu
     plugin = GradingPlugin(submission, tier, missing, on_result)
     args = [str(lab.checks_dir), "-c", os.devnull, "--rootdir", str(lab.checks_dir),
             "-o", "python_files=check_*.py", "-o", "python_functions=check_*",
+            # Only the grading plugin: entry-point plugins of whatever is installed
+            # (nbval takes ~6 s to import; pytest-randomly would reorder checks)
+            # have no say in a grade.
+            "--disable-plugin-autoload",
             "-p", "no:cacheprovider", "-p", "no:stepwise", "--import-mode=importlib",
             "-q", "--no-header", "-W", "ignore::pytest.PytestAssertRewriteWarning"]
     if select:
@@ -96,4 +101,4 @@ def _grade_folder(lab, folder, graded, missing, tier, timeout_s, select, on_resu
         raise UsageError(f"the checks of lab {lab.slug} could not run (pytest exit {int(code)}):\n"
                          + log.getvalue()[-2000:])
     return LabResult(lab.slug, lab.title, tier, str(folder), plugin.results, time.monotonic() - start,
-                     layer.as_dict(), lab.checks_digest())
+                     layer.as_dict(), lab.checks_digest(), submission.calls_s[0])

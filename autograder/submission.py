@@ -9,6 +9,7 @@ grading plugin turns into a status and a message a student can act on.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from autograder.sandbox import Limits, Outcome, run_call
@@ -84,6 +85,9 @@ class Submission:
         self._simulated: Submission | None = None
         self._compiling: Submission | None = None
         self._once: dict = {}
+        # Wall seconds spent in calls into the student's code, shared with the
+        # simulator and compiling variants: the rest of a grading is the grader's.
+        self.calls_s = [0.0]
 
     def in_simulator(self) -> "Submission":
         """The same submission run in numba's CUDA simulator, whatever the tier: for
@@ -92,6 +96,7 @@ class Submission:
         if self._simulated is None:
             self._simulated = Submission(self.path, self.harness_path, "cpu", self.limits,
                                          dict(self.env, NUMBA_ENABLE_CUDASIM="1"))
+            self._simulated.calls_s = self.calls_s
         return self._simulated
 
     def compiling(self) -> "Submission":
@@ -101,6 +106,7 @@ class Submission:
         if self._compiling is None:
             self._compiling = Submission(self.path, self.harness_path, self.tier, self.limits,
                                          dict(self.env, NUMBA_ENABLE_CUDASIM="0"))
+            self._compiling.calls_s = self.calls_s
         return self._compiling
 
     def once(self, key, compute):
@@ -131,7 +137,11 @@ class Submission:
     def _run(self, target: dict, args, kwargs):
         request = {"submission": str(self.path), "target": target, "args": list(args), "kwargs": kwargs,
                    "simulator": self.tier == "cpu"}
-        outcome = run_call(request, self.limits, self.env)
+        started = time.monotonic()
+        try:
+            outcome = run_call(request, self.limits, self.env)
+        finally:
+            self.calls_s[0] += time.monotonic() - started
         if outcome.status == "ok":
             return outcome.value
         error = {"not_implemented": NotImplementedYet, "timeout": SubmissionTimeout}.get(
