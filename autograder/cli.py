@@ -79,6 +79,23 @@ def _grade(args) -> int:
     return EXIT_BELOW_FULL if args.require_full and not full else EXIT_OK
 
 
+def cmd_grade_class(args) -> int:
+    from autograder.gradebook import RowStatus, Settings, default_jobs, grade_class
+    from autograder.labs import find_lab
+    from autograder.runner import resolve_tier
+
+    lab = find_lab(args.lab)
+    tier = resolve_tier(args.tier)
+    output = Path(args.output or f"gradebook-{lab.slug}.csv")
+    settings = Settings(lab.slug, tier, args.timeout, args.k, args.limit)
+    jobs = args.jobs if args.jobs else (None if args.slurm else default_jobs(lab))
+    rows = grade_class(lab, Path(args.dir), output, settings, jobs, args.resume, args.slurm, args.chunk)
+    counts = {s: sum(r.status == s for r in rows) for s in RowStatus}
+    summary = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
+    print(f"{len(rows)} submissions ({summary}): {output} and {output.with_suffix('.json')}")
+    return EXIT_OK
+
+
 def cmd_sync(args) -> int:
     from autograder.sync import MarkerError, differences, sync
 
@@ -112,6 +129,38 @@ def cmd_doctor(args) -> int:
     return EXIT_OK if healthy else 1
 
 
+def cmd_gradescope(args) -> int:
+    from autograder.gradescope import build
+    from autograder.labs import UsageError, find_lab
+
+    if args.lab == "all":  # a Gradescope assignment grades one lab
+        raise UsageError("k2c gradescope builds one lab's autograder: name a lab (06 or 06-collectives), not 'all'")
+    lab = find_lab(args.lab)
+    built = build(lab, Path(args.output or f"gradescope-{lab.slug}.zip"))
+    print(f"wrote {built.path}: setup.sh, run_autograder, {built.wheel}")
+    print(f"  the wheel: the grader, the checks of {lab.slug}, course.{{{', '.join(built.course_modules)}}}")
+    print(f"  setup.sh installs: {', '.join(built.requirements)}")
+    return EXIT_OK
+
+
+def cmd_release(args) -> int:
+    from autograder.release import AUTHOR, ReleaseError, parse_author, release
+
+    def say(line):
+        print(f"k2c release: {line}", file=sys.stderr)
+
+    try:
+        author = parse_author(args.author) if args.author else AUTHOR
+        done = release(Path(args.source), Path(args.dir), author, say)
+    except ReleaseError as exc:
+        print(f"k2c release: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"wrote {done.path}: {done.files} files, {done.nbytes / 1e6:.1f} MB, one commit ({done.commit}) on branch main")
+    print(f"  try it: cd {done.path} && make setup && make grade")
+    print("  publish it: git remote add origin URL && git push -u origin main")
+    return EXIT_OK
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="k2c", description="Kernels to Clusters: grade labs, generate starters, check the machine.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -121,12 +170,30 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--submission", metavar="DIR",
                    help="folder holding NN-slug/ lab folders, or the lab's files themselves (default: ./labs, else .)")
     g.add_argument("--tier", choices=("auto", "cpu", "gpu"), default="auto")
-    g.add_argument("--format", choices=("text", "json", "gradescope", "junit"), default="text")
+    g.add_argument("--format", choices=("text", "json", "gradescope", "junit", "classroom"), default="text")
     g.add_argument("-o", "--output", metavar="FILE", help="write the report here (the text table still goes to stdout)")
     g.add_argument("--timeout", type=float, metavar="SECONDS", help="limit for each call into the submission")
     g.add_argument("--require-full", action="store_true", help="exit 1 when the score is below the maximum")
     g.add_argument("-k", metavar="EXPR", help="only the checks whose names match (pytest -k syntax)")
     g.set_defaults(run=cmd_grade)
+
+    c = sub.add_parser("grade-class", help="grade a folder of submissions (one folder or zip per student) into a gradebook")
+    c.add_argument("lab", help="lab number (06) or slug (06-collectives)")
+    c.add_argument("dir", metavar="DIR", help="one folder or .zip per student, named by the student's id")
+    c.add_argument("-o", "--output", metavar="CSV",
+                   help="the gradebook (default gradebook-NN-slug.csv); the full reports go beside it as .json")
+    c.add_argument("--jobs", "-j", type=int, metavar="N",
+                   help="gradings at once (default: the cores, as memory allows; with --slurm: no limit)")
+    c.add_argument("--resume", action="store_true",
+                   help="keep the rows of the gradebook's .json whose submission is unchanged")
+    c.add_argument("--slurm", action="store_true", help="grade as a SLURM job array and wait for it")
+    c.add_argument("--chunk", type=int, default=1, metavar="K", help="with --slurm: submissions per array task")
+    c.add_argument("--tier", choices=("auto", "cpu", "gpu"), default="auto")
+    c.add_argument("--timeout", type=float, metavar="SECONDS", help="limit for each call into a submission")
+    c.add_argument("--limit", type=float, default=3600.0, metavar="SECONDS",
+                   help="limit for one submission's whole grading (default 3600)")
+    c.add_argument("-k", metavar="EXPR", help="only the checks whose names match (pytest -k syntax)")
+    c.set_defaults(run=cmd_grade_class)
 
     s = sub.add_parser("sync", help="regenerate labs/ from solutions/")
     s.add_argument("--check", action="store_true", help="only report drift; exit 1 if labs/ differs")
@@ -136,6 +203,17 @@ def parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("doctor", help="what this machine offers, and what to install")
     d.set_defaults(run=cmd_doctor)
+
+    z = sub.add_parser("gradescope", help="build the Gradescope autograder zip of one lab")
+    z.add_argument("lab", help="lab number (06) or slug (06-collectives)")
+    z.add_argument("-o", "--output", metavar="FILE", help="the zip to write (default: gradescope-NN-slug.zip)")
+    z.set_defaults(run=cmd_gradescope)
+
+    r = sub.add_parser("release", help="write the student repository (no solutions/) into a new folder, as one git commit")
+    r.add_argument("dir", metavar="DIR", help="a new or empty folder")
+    r.add_argument("--author", metavar="'NAME <EMAIL>'", help="the commit's author (default: Kernels to Clusters)")
+    r.add_argument("--source", default=".", help=argparse.SUPPRESS)
+    r.set_defaults(run=cmd_release)
     return p
 
 

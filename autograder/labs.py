@@ -25,6 +25,9 @@ class Lab:
     # Files of earlier labs this lab imports ("08-data-parallel/ddp.py"): graded
     # next to the lab's own files, see ``with_used_files``.
     uses: tuple[str, ...] = ()
+    # Distributions grading it needs beyond the grader's own (``k2c gradescope``
+    # installs only these); None when lab.toml does not say: all the course's.
+    requires: tuple[str, ...] | None = None
 
     @property
     def number(self) -> str:
@@ -49,7 +52,8 @@ def all_labs() -> list[Lab]:
         labs.append(Lab(meta.parent.name, data["title"], tuple(data["files"]),
                         float(data.get("timeout_s", 60)), int(data.get("memory_mb", 4096)),
                         tuple(data.get("refuse", ())), data.get("refuse_why", ""),
-                        tuple(data.get("uses", ()))))
+                        tuple(data.get("uses", ())),
+                        tuple(data["requires"]) if "requires" in data else None))
     return labs
 
 
@@ -63,17 +67,15 @@ def find_lab(name: str) -> Lab:
     raise UsageError(f"no lab called {name!r}; the labs are: {known} (or 'all')")
 
 
-REFERENCE_ROOT = Path(__file__).resolve().parents[1] / "solutions"
-
-
 def with_used_files(lab: Lab, folder: Path, root: Path, into: Path) -> Path:
     """The folder to grade: ``folder`` itself, or for a lab that ``uses`` earlier
     labs' files, a copy of it in ``into`` with each used file beside the lab's own.
 
-    A used file comes from the submission (``root/08-data-parallel/ddp.py``: the
-    student's own code), else from the reference when this checkout has
-    ``solutions/`` (an instructor grading one lab alone); when neither has it the
-    student's import of it fails and the check says so.
+    A used file is always the student's own: already beside the lab's files (a
+    flat upload), or the submission's earlier lab (``root/08-data-parallel/ddp.py``).
+    It never comes from ``solutions/``: the student's code could read a reference
+    file put in its folder and print it into its feedback. Without it the
+    student's import fails, and the checks that need it say so.
     """
     if not lab.uses:
         return folder
@@ -82,10 +84,9 @@ def with_used_files(lab: Lab, folder: Path, root: Path, into: Path) -> Path:
     staged = into / folder.name
     shutil.copytree(folder, staged, symlinks=True, ignore=shutil.ignore_patterns(".git", "__pycache__"))
     for used in lab.uses:
-        target = staged / Path(used).name
-        for source in (Path(root) / used, REFERENCE_ROOT / used):
-            if source.is_file() and not target.exists():
-                shutil.copyfile(source, target)
+        target, source = staged / Path(used).name, Path(root) / used
+        if source.is_file() and not target.exists():
+            shutil.copyfile(source, target)
     return staged
 
 

@@ -1,13 +1,14 @@
-"""Reports of graded labs: a text table for people, JSON, Gradescope and JUnit for machines."""
+"""Reports of graded labs: a text table for people; JSON, Gradescope, JUnit and GitHub Classroom for machines."""
 from __future__ import annotations
 
+import base64
 import json
 import textwrap
 import xml.etree.ElementTree as ET
 
 from autograder.runner import LabResult
 
-FORMATS = ("text", "json", "gradescope", "junit")
+FORMATS = ("text", "json", "gradescope", "junit", "classroom")
 
 
 def _pts(x: float) -> str:
@@ -60,6 +61,7 @@ def _lab_json(r: LabResult) -> dict:
     return {
         "lab": r.lab, "title": r.title, "tier": r.tier, "submission": r.submission,
         "score": r.score, "max_score": r.max_score, "duration_s": round(r.duration_s, 3),
+        "student_s": round(r.student_s, 3),
         "isolation": r.isolation, "checks_sha256": r.checks_digest,
         "tests": [{"name": c.name, "title": c.title, "points": c.points, "max_points": c.max_points,
                    "status": c.status, "feedback": c.feedback, "duration_s": round(c.duration_s, 3),
@@ -75,28 +77,103 @@ def as_json(results: list[LabResult]) -> str:
                        "labs": [_lab_json(r) for r in results]}, indent=2) + "\n"
 
 
-def gradescope(results: list[LabResult]) -> str:
-    """Gradescope's results.json: score, execution_time, output, tests[]."""
-    tests = []
+# Gradescope's results.json (its "autograder specifications"): a test's status
+# is "passed" or "failed" only. A skipped check is worth 0 of 0, which
+# Gradescope would show as passed anyway; its output says why it was skipped.
+GRADESCOPE_STATUS = {"passed": "passed", "skipped": "passed", "failed": "failed", "error": "failed", "timeout": "failed"}
+# What a performance check measured against a baseline timed in the same run,
+# higher is better: labs 02, 03 and 12 record ``ratio``, lab 04 ``speedup``.
+LEADERBOARD_METRICS = ("ratio", "speedup")
+
+
+def _lab_number(r: LabResult, position: int) -> int:
+    head = r.lab.split("-", 1)[0]
+    return int(head) if head.isdigit() else position
+
+
+def leaderboard(results: list[LabResult]) -> list[dict]:
+    """Gradescope's leaderboard entries ``{name, value, order}``: each GPU-tier
+    check's measured ratio. The CPU tier measures no speed, so it has none."""
+    board = []
     for r in results:
+        if r.tier != "gpu":
+            continue
         for c in r.checks:
-            test = {"name": f"{r.lab}: {c.title}" if len(results) > 1 else c.title,
-                    "score": c.points, "max_score": 0 if c.status == "skipped" else c.max_points,
-                    "output": f"[{c.status}] {c.feedback}".strip(), "visibility": "visible"}
-            if c.status != "skipped":
-                test["status"] = "passed" if c.status == "passed" else "failed"
-            tests.append(test)
+            key = next((k for k in LEADERBOARD_METRICS if isinstance(c.metrics.get(k), (int, float))
+                        and not isinstance(c.metrics.get(k), bool)), None)
+            if key:
+                name = f"{c.name} {key}" if len(results) == 1 else f"{r.lab[:2]} {c.name} {key}"
+                board.append({"name": name, "value": c.metrics[key], "order": "desc"})
+    return board
+
+
+def gradescope(results: list[LabResult]) -> str:
+    """Gradescope's results.json: the total, the time, a line on how it was graded,
+    one test per check, and on the GPU tier a leaderboard of measured ratios."""
+    tests = []
+    for position, r in enumerate(results, 1):
+        for i, c in enumerate(r.checks, 1):
+            output = f"[{c.status}] {c.feedback}".strip()
+            if c.metrics:
+                output += "\nmeasured: " + _metrics(c.metrics)
+            tests.append({"name": f"{r.lab}: {c.title}" if len(results) > 1 else c.title,
+                          "number": f"{_lab_number(r, position)}.{i}",
+                          "score": c.points, "max_score": 0 if c.status == "skipped" else c.max_points,
+                          "status": GRADESCOPE_STATUS[c.status], "output": output,
+                          "tags": [r.lab, c.status], "visibility": "visible"})
     tiers = sorted({r.tier for r in results})
     layers = sorted({_isolation(r) for r in results})
-    return json.dumps({
+    report = {
         "score": sum(r.score for r in results),
         "execution_time": round(sum(r.duration_s for r in results), 1),
         "output": f"Graded on the {'/'.join(t.upper() for t in tiers)} tier by k2c (isolation: {'; '.join(layers)}).",
+        "visibility": "visible",
+        # run_autograder's stdout is the grader's own table and progress: the tests say the same, for students.
         "stdout_visibility": "hidden",
         "extra_data": {"isolation": results[0].isolation if results else {},
                        "checks_sha256": {r.lab: r.checks_digest for r in results}},
         "tests": tests,
-    }, indent=2) + "\n"
+    }
+    board = leaderboard(results)
+    if board:
+        report["leaderboard"] = board
+    return json.dumps(report, indent=2) + "\n"
+
+
+# GitHub Classroom's autograding-grading-reporter reads, from the environment
+# variable ``<RUNNER>_RESULTS``, base64 of the JSON that its graders
+# (autograding-command-grader) set as a step's ``result`` output. It sums each
+# test's ``score`` against the top-level ``max_score`` (partial credit), marks a
+# test by its ``status`` ("pass", "fail" or "error"), prints ``message`` only for
+# "error", ``test_code`` for every test, and " - line N" after the name unless
+# ``line_no`` is 0.
+CLASSROOM_STATUS = {"passed": "pass", "skipped": "pass", "failed": "fail", "timeout": "fail", "error": "error"}
+
+
+def _classroom_json(results: list[LabResult]) -> dict:
+    tests = []
+    for r in results:
+        for c in r.checks:
+            skipped = c.status == "skipped"
+            name = f"{r.lab}: {c.title}" if len(results) > 1 else c.title
+            tests.append({"name": name + (" (skipped)" if skipped else ""),
+                          "status": CLASSROOM_STATUS[c.status], "score": c.points,
+                          "message": c.feedback,
+                          # what a student runs to see this check's feedback in full
+                          "test_code": f"k2c grade {r.lab[:2]} -k {c.name.split('[')[0]}",
+                          "filename": "", "line_no": 0, "duration": round(c.duration_s * 1000)})
+    full = all(r.score >= r.max_score for r in results)
+    return {"version": 1, "status": "pass" if results and full else "fail",
+            "max_score": sum(r.max_score for r in results), "tests": tests}
+
+
+def _base64(data: dict) -> str:
+    return base64.b64encode(json.dumps(data).encode()).decode() + "\n"
+
+
+def classroom(results: list[LabResult]) -> str:
+    """What GitHub Classroom's grading reporter reads: one line of base64 JSON."""
+    return _base64(_classroom_json(results))
 
 
 def junit(results: list[LabResult]) -> str:
@@ -124,7 +201,8 @@ def junit(results: list[LabResult]) -> str:
 
 
 def render(results: list[LabResult], fmt: str) -> str:
-    return {"text": text, "json": as_json, "gradescope": gradescope, "junit": junit}[fmt](results)
+    return {"text": text, "json": as_json, "gradescope": gradescope, "junit": junit,
+            "classroom": classroom}[fmt](results)
 
 
 def failure(fmt: str, message: str) -> str:
@@ -132,7 +210,12 @@ def failure(fmt: str, message: str) -> str:
     exists and says why (Gradescope shows ``output`` to the student)."""
     text = f"The autograder could not run: {message}"
     if fmt == "gradescope":
-        return json.dumps({"score": 0, "output": text, "tests": []}, indent=2) + "\n"
+        return json.dumps({"score": 0, "execution_time": 0, "output": text, "visibility": "visible",
+                           "stdout_visibility": "hidden", "tests": []}, indent=2) + "\n"
+    if fmt == "classroom":  # the reporter prints an "error" test's message: the student sees why
+        return _base64({"version": 1, "status": "error", "max_score": 0, "tests": [
+            {"name": "k2c grade", "status": "error", "score": 0, "message": text, "test_code": "",
+             "filename": "", "line_no": 0, "duration": 0}]})
     if fmt == "json":
         return json.dumps({"error": message, "score": 0, "max_score": 0, "tests": []}, indent=2) + "\n"
     if fmt == "junit":

@@ -60,11 +60,17 @@ def statuses(report):
 
 @pytest.fixture
 def make_submission(tmp_path):
-    """Copy a lab's reference into a fresh folder, applying (before, after) edits."""
+    """Copy a lab's reference into a fresh folder, applying (before, after) edits.
+    The earlier labs' files it ``uses`` are copied beside its own (a flat
+    submission holding them): the grader takes them from the submission only."""
+    from autograder.labs import find_lab
+
     def make(lab_slug, filename, edits=()):
         folder = tmp_path / lab_slug
         shutil.copytree(REPO / "solutions" / lab_slug, folder,
                         ignore=shutil.ignore_patterns("*.ipynb", "__pycache__"))
+        for used in find_lab(lab_slug).uses:
+            shutil.copyfile(REPO / "solutions" / used, folder / Path(used).name)
         path = folder / filename
         source = path.read_text()
         for before, after in edits:

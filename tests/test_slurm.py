@@ -8,8 +8,10 @@ without SLURM.
 - the 4-process DP x TP torch job of lab 13 (``hybrid.run_plan``), one
   torchrun started by srun with a c10d rendezvous, against ``torchrun
   --standalone``;
-- ``k2c grade 13`` inside an allocation (only the fast cluster checks, to
-  keep this file's time down), against the reference's known full mark.
+- ``k2c grade-class 13 --slurm``: a class of three graded as a job array,
+  each task running ``k2c grade`` inside its allocation (only the fast cluster
+  checks, to keep this file's time down), against the reference's known full
+  mark, the starter's zero and an empty submission's row.
 
 Each rank also records ``rank_from_env`` of its real environment. The
 module's fixture starts the cluster (a no-op when it is up). Without SLURM
@@ -210,20 +212,36 @@ def test_dp_tp_torch_job_under_sbatch_equals_torchrun(slurm, tmp_path):
                                                   who["nodes"]) == (r, r, 4, 0, 1), who
 
 
-def test_grading_inside_an_allocation_gives_the_full_mark(slurm, tmp_path):
-    # Only the cluster checks (a few seconds): the other checks of lab 13 are graded by the other tests.
-    report = tmp_path / "report.json"
-    command = (f"{BIN / 'k2c'} grade 13 --submission {REPO / 'solutions'} -k check_cluster "
-               f"--format json -o {report}")
-    log = tmp_path / "grade.log"
-    proc = subprocess.run(["sbatch", "--wait", "--job-name", "k2c-test-grade", "--time", "5", "--chdir", str(REPO),
-                           "--output", str(log), "--wrap", command],
-                          capture_output=True, text=True, timeout=JOB_TIMEOUT_S, env=_env())
-    job_log = log.read_text()[-3000:] if log.exists() else "(no log)"
-    assert proc.returncode == 0, f"{proc.stdout}{proc.stderr}\n--- job log:\n{job_log}"
-    result = json.loads(report.read_text())
-    checks = load_check_file("13-hybrid-parallel", "check_cluster")
+def test_a_class_graded_as_a_job_array_gets_every_row(slurm, tmp_path):
+    """``k2c grade-class --slurm``: each array task runs ``k2c grade`` inside its
+    allocation. Only the cluster checks of lab 13 (a few seconds each): the other
+    checks are graded by the other tests."""
+    import csv
+    import shutil
+
+    from autograder.labs import find_lab
+
+    lab = "13-hybrid-parallel"
+    clazz = tmp_path / "class"
+    # Each student's labs/ folder: lab 13 and the earlier labs' files it uses.
+    for student, source in (("ada", REPO / "solutions"), ("ben", REPO / "labs")):
+        for folder in (lab, *{Path(u).parent.name for u in find_lab(lab).uses}):
+            shutil.copytree(source / folder, clazz / student / folder, ignore=shutil.ignore_patterns("*.ipynb"))
+    (clazz / "cy").mkdir()
+    gradebook = tmp_path / "gradebook.csv"
+    proc = subprocess.run([str(BIN / "k2c"), "grade-class", "13", str(clazz), "-o", str(gradebook), "--slurm",
+                           "--jobs", "2", "-k", "check_cluster"], cwd=REPO, capture_output=True, text=True,
+                          timeout=JOB_TIMEOUT_S, env=_env())
+    assert proc.returncode == 0, f"{proc.stdout}{proc.stderr}"
+    assert "as a SLURM job array" in proc.stderr
+    with open(gradebook, newline="") as f:
+        rows = {row["student"]: row for row in csv.DictReader(f)}
+    assert {name: row["status"] for name, row in rows.items()} == {"ada": "graded", "ben": "graded", "cy": "empty"}
+    checks = load_check_file(lab, "check_cluster")
     names = {name[len("check_"):] for name in dir(checks) if name.startswith("check_")}
-    assert {t["name"] for t in result["tests"]} == names
-    assert [t for t in result["tests"] if t["status"] != "passed"] == []
-    assert result["score"] == result["max_score"] > 0, (result["score"], result["max_score"])
+    report = {r["student"]: r["report"] for r in json.loads(gradebook.with_suffix(".json").read_text())["rows"]}
+    assert {t["name"] for t in report["ada"]["tests"]} == names
+    assert [t for t in report["ada"]["tests"] if t["status"] != "passed"] == []
+    assert float(rows["ada"]["score"]) == float(rows["ada"]["max"]) > 0
+    assert float(rows["ben"]["score"]) == 0
+    assert all("not implemented yet" in t["feedback"] for t in report["ben"]["tests"])

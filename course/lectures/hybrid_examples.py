@@ -11,9 +11,10 @@ Python on one process: the α-β fit, the rank correlation, the exact count of
 what lab 10's layers save, the plans enumerated for the cost model, the Pareto
 front, a plan's time split, and the pictures.
 
-The lab's reference code is in ``solutions/13-hybrid-parallel`` (``planner``,
-``hybrid``, ``cluster``); importing this module puts that folder on
-``sys.path`` (for the notebook and for every rank).
+The lab's code is the reference in ``solutions/13-hybrid-parallel`` (``planner``,
+``hybrid``, ``cluster``), or in the student repository (``k2c release``, which has
+no ``solutions/``) the student's own ``labs/13-hybrid-parallel``; importing this
+module puts that folder on ``sys.path`` (for the notebook and for every rank).
 """
 import contextlib
 import math
@@ -30,9 +31,11 @@ import course
 from course.fits import ring_allreduce_fit, spearman  # noqa: F401  (spearman: for the lecture)
 from course.torch_audit import OpLog, SavedActivations
 
-SOLUTIONS = Path(course.__file__).resolve().parents[1] / "solutions" / "13-hybrid-parallel"
-if str(SOLUTIONS) not in sys.path:
-    sys.path.insert(0, str(SOLUTIONS))
+_ROOT = Path(course.__file__).resolve().parents[1]
+LAB_CODE = next((f for f in (_ROOT / "solutions" / "13-hybrid-parallel", _ROOT / "labs" / "13-hybrid-parallel")
+                 if f.is_dir()), _ROOT / "labs" / "13-hybrid-parallel")
+if str(LAB_CODE) not in sys.path:
+    sys.path.insert(0, str(LAB_CODE))
 
 import hybrid  # noqa: E402  (the lab's run_plan, found on the path set just above)
 import planner  # noqa: E402

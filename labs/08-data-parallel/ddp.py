@@ -183,7 +183,7 @@ def topk_compress(tensor, k):
     """``(values, indices)``: the ``k`` entries of ``tensor`` largest in absolute
     value, as 1-D tensors; ``indices`` index ``tensor.reshape(-1)`` and
     ``values`` keep their sign (``values == tensor.reshape(-1)[indices]``)."""
-    raise NotImplementedError('not implemented yet: topk_compress: flat = tensor.reshape(-1); indices = flat.abs().topk(k).indices; return flat[indices], indices')
+    raise NotImplementedError('not implemented yet: topk_compress: flatten; choose the indices with topk on the magnitudes; return the signed entries there and those indices')
 
 
 def topk_decompress(values, indices, shape, dtype=None):

@@ -72,11 +72,11 @@ class _CopyToTensorParallelRegion(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        raise NotImplementedError('not implemented yet: forward: ctx.group = group; return x.view_as(x) (identity)')
+        raise NotImplementedError('not implemented yet: forward: keep the group on ctx for backward; the forward is the identity (return a view of x, not x itself)')
 
     @staticmethod
     def backward(ctx, grad):
-        raise NotImplementedError('not implemented yet: backward: grad = grad.contiguous().clone(); dist.all_reduce(grad, group=ctx.group); return grad, None')
+        raise NotImplementedError('not implemented yet: backward: every rank holds a partial gradient: sum a contiguous copy of it over ctx.group (all-reduce); group gets no gradient')
 
 
 class _ReduceFromTensorParallelRegion(torch.autograd.Function):
@@ -84,11 +84,11 @@ class _ReduceFromTensorParallelRegion(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        raise NotImplementedError('not implemented yet: forward: out = x.contiguous().clone(); dist.all_reduce(out, group=group); return out')
+        raise NotImplementedError('not implemented yet: forward: sum a contiguous copy of x over the group (all-reduce the copy, never x itself)')
 
     @staticmethod
     def backward(ctx, grad):
-        raise NotImplementedError('not implemented yet: backward: return grad, None (identity)')
+        raise NotImplementedError('not implemented yet: backward: the identity: the gradient passes through unchanged; group gets no gradient')
 
 
 class _GatherFromSequenceParallelRegion(torch.autograd.Function):
@@ -247,14 +247,14 @@ class ParallelTransformerLayer(torch.nn.Module):
         raise NotImplementedError('not implemented yet: __init__: ln1, ln2 = nn.LayerNorm(hidden); with sequence_parallel mark their weight and bias .sequence_parallel = True; attn = ParallelSelfAttention(hidden, n_heads, sequence_parallel=..., group=...); mlp = ParallelMLP(hidden, ffn_hidden, ...)')
 
     def forward(self, x):
-        raise NotImplementedError('not implemented yet: forward: y = x + self.attn(self.ln1(x)); return y + self.mlp(self.ln2(y))')
+        raise NotImplementedError('not implemented yet: forward: a pre-norm residual block: add attention of the first norm of x to x, then add the MLP of the second norm of that')
 
 
 def allreduce_sequence_parallel_grads(module, group=None):
     """Sum over the group the gradients of the parameters marked
     ``sequence_parallel`` (whole on every rank, applied to a sequence shard).
     The training loop calls it after backward, as DDP syncs gradients."""
-    raise NotImplementedError('not implemented yet: allreduce_sequence_parallel_grads: for p in module.parameters(): if getattr(p, "sequence_parallel", False) and p.grad is not None: dist.all_reduce(p.grad, group=group)')
+    raise NotImplementedError('not implemented yet: allreduce_sequence_parallel_grads: all-reduce over the group the gradient of every parameter marked sequence_parallel (skip those with no gradient)')
 
 
 # --- 4. Vocabulary-parallel embedding and cross-entropy ------------------------------------

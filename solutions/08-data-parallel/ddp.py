@@ -229,7 +229,7 @@ def topk_compress(tensor, k):
     """``(values, indices)``: the ``k`` entries of ``tensor`` largest in absolute
     value, as 1-D tensors; ``indices`` index ``tensor.reshape(-1)`` and
     ``values`` keep their sign (``values == tensor.reshape(-1)[indices]``)."""
-    # BEGIN SOLUTION: flat = tensor.reshape(-1); indices = flat.abs().topk(k).indices; return flat[indices], indices
+    # BEGIN SOLUTION: flatten; choose the indices with topk on the magnitudes; return the signed entries there and those indices
     flat = tensor.reshape(-1)
     indices = flat.abs().topk(k).indices
     return flat[indices], indices

@@ -72,14 +72,14 @@ class _CopyToTensorParallelRegion(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        # BEGIN SOLUTION: ctx.group = group; return x.view_as(x) (identity)
+        # BEGIN SOLUTION: keep the group on ctx for backward; the forward is the identity (return a view of x, not x itself)
         ctx.group = group
         return x.view_as(x)
         # END SOLUTION
 
     @staticmethod
     def backward(ctx, grad):
-        # BEGIN SOLUTION: grad = grad.contiguous().clone(); dist.all_reduce(grad, group=ctx.group); return grad, None
+        # BEGIN SOLUTION: every rank holds a partial gradient: sum a contiguous copy of it over ctx.group (all-reduce); group gets no gradient
         grad = grad.contiguous().clone()
         dist.all_reduce(grad, group=ctx.group)
         return grad, None
@@ -91,7 +91,7 @@ class _ReduceFromTensorParallelRegion(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        # BEGIN SOLUTION: out = x.contiguous().clone(); dist.all_reduce(out, group=group); return out
+        # BEGIN SOLUTION: sum a contiguous copy of x over the group (all-reduce the copy, never x itself)
         out = x.contiguous().clone()
         dist.all_reduce(out, group=group)
         return out
@@ -99,7 +99,7 @@ class _ReduceFromTensorParallelRegion(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        # BEGIN SOLUTION: return grad, None (identity)
+        # BEGIN SOLUTION: the identity: the gradient passes through unchanged; group gets no gradient
         return grad, None
         # END SOLUTION
 
@@ -357,7 +357,7 @@ class ParallelTransformerLayer(torch.nn.Module):
         # END SOLUTION
 
     def forward(self, x):
-        # BEGIN SOLUTION: y = x + self.attn(self.ln1(x)); return y + self.mlp(self.ln2(y))
+        # BEGIN SOLUTION: a pre-norm residual block: add attention of the first norm of x to x, then add the MLP of the second norm of that
         y = x + self.attn(self.ln1(x))
         return y + self.mlp(self.ln2(y))
         # END SOLUTION
@@ -367,7 +367,7 @@ def allreduce_sequence_parallel_grads(module, group=None):
     """Sum over the group the gradients of the parameters marked
     ``sequence_parallel`` (whole on every rank, applied to a sequence shard).
     The training loop calls it after backward, as DDP syncs gradients."""
-    # BEGIN SOLUTION: for p in module.parameters(): if getattr(p, "sequence_parallel", False) and p.grad is not None: dist.all_reduce(p.grad, group=group)
+    # BEGIN SOLUTION: all-reduce over the group the gradient of every parameter marked sequence_parallel (skip those with no gradient)
     for p in module.parameters():
         if getattr(p, "sequence_parallel", False) and p.grad is not None:
             dist.all_reduce(p.grad, group=group)

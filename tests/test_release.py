@@ -1,0 +1,255 @@
+"""`k2c release`: the student repository holds no solution code, and works as its README says."""
+import ast
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import tokenize
+from pathlib import Path
+
+import pytest
+
+from autograder.release import ReleaseError, contents, leaks, release
+from autograder.sync import strip_solutions
+from conftest import REPO, k2c
+
+BEGIN, END = re.compile(r"^\s*# BEGIN SOLUTION"), re.compile(r"^\s*# END SOLUTION\s*$")
+TRIVIAL = 30  # squashed characters: `return grad, None` is shorter, and a starter may hold it by chance
+
+
+def squash(text):
+    return re.sub(r"[\s;]+", "", text)  # ';' too: a hint may write the lines of a body as one
+
+
+def no_comments(code):
+    try:
+        tokens = tokenize.generate_tokens(io.StringIO(textwrap.dedent(code)).readline)
+        return " ".join(t.string for t in tokens if t.type != tokenize.COMMENT)
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return code
+
+
+def solution_bodies():
+    """``{(file:line of the function, name): {squashed body, and without comments}}``: for every
+    function or method of solutions/, the statements of its body that lie between the markers."""
+    bodies = {}
+    for path in sorted((REPO / "solutions").rglob("*.py")):
+        source = path.read_text()
+        lines = source.splitlines()
+        begins = [i for i, line in enumerate(lines, 1) if BEGIN.match(line)]
+        ends = [i for i, line in enumerate(lines, 1) if END.match(line)]
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for begin, end in zip(begins, ends):
+                inside = [s for s in node.body if begin < s.lineno and s.end_lineno < end]
+                if inside:
+                    text = "\n".join(lines[inside[0].lineno - 1:inside[-1].end_lineno])
+                    key = (f"{path.relative_to(REPO)}:{node.lineno}", node.name)
+                    bodies.setdefault(key, set()).update(
+                        v for v in (squash(text), squash(no_comments(text))) if len(v) >= TRIVIAL)
+    return {k: v for k, v in bodies.items() if v}
+
+
+def released_texts(path):
+    """A released file as searchable squashed texts: a notebook's cell sources and outputs (not
+    its JSON), and any Python without its comments too."""
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        return []
+    code = text if path.suffix == ".py" else ""
+    if path.suffix == ".ipynb":
+        cells = json.loads(text)["cells"]
+        code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        text = "\n".join(["".join(c["source"]) for c in cells] + [
+            "".join(o.get("text", "")) + "".join("".join(v) for v in o.get("data", {}).values())
+            for c in cells for o in c.get("outputs", [])])
+    return [squash(text)] + ([squash(no_comments(code))] if code else [])
+
+
+def git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+# --- cheap: the refusals --------------------------------------------------------------------------
+
+
+def test_release_refuses_a_non_empty_folder(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    proc = k2c("release", tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "is not empty (notes.txt)" in proc.stderr and "new or empty folder" in proc.stderr
+    assert os.listdir(tmp_path) == ["notes.txt"]
+
+
+def _course(root, solution, starter):
+    for folder in ("course", "autograder", "scripts", "solutions/01-x", "labs/01-x"):
+        (root / folder).mkdir(parents=True)
+    for name in ("pyproject.toml", "environment.yml", "scripts/slurm-localhost.sh"):
+        (root / name).write_text("")
+    (root / "solutions/01-x/m.py").write_text(solution)
+    (root / "labs/01-x/m.py").write_text(starter)
+    return root
+
+
+SOLUTION = ("def f(x):\n    # BEGIN SOLUTION: HINT\n    total = sum(v * v for v in x)  # squares\n"
+            "    return total / len(x) - min(x)\n    # END SOLUTION\n")
+
+
+def test_release_refuses_drifted_starters(tmp_path):
+    source = _course(tmp_path, SOLUTION.replace("HINT", "a line"), "def f(x):\n    return 0\n")
+    with pytest.raises(ReleaseError, match=r"(?s)drifted from solutions/ \(1 file\).*differs: labs/01-x/m.py.*k2c sync"):
+        contents(source)
+
+
+def test_a_hint_that_spells_out_the_body_is_a_leak(tmp_path):
+    solution = SOLUTION.replace("HINT", "total = sum(v * v for v in x); return total / len(x) - min(x)")
+    source = _course(tmp_path, solution, strip_solutions(solution))
+    files = contents(source)
+    found, searched = leaks(source / "solutions", files)
+    assert searched == 1 and found == ["solutions/01-x/m.py:2 in labs/01-x/m.py"]
+    with pytest.raises(ReleaseError, match="would leak"):
+        release(source, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+# --- the release itself ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    target = tmp_path_factory.mktemp("release") / "k2c-student"
+    proc = k2c("release", target, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "no solution code in any of them" in proc.stderr and "one commit" in proc.stdout
+    return target
+
+
+pytestmark = pytest.mark.xdist_group("release")  # the two slow tests share one release
+
+
+@pytest.mark.slow
+def test_release_is_one_clean_commit_with_no_solution_code(released):
+    assert git(released, "rev-list", "--count", "HEAD") == "1"
+    assert git(released, "status", "--porcelain") == ""
+    assert git(released, "log", "-1", "--format=%an <%ae>") == "Kernels to Clusters <k2c-release@localhost>"
+    tracked = git(released, "ls-files").splitlines()
+    assert {"README.md", "Makefile", "pyproject.toml", "environment.yml", ".gitignore"} <= set(tracked)
+    assert {p.split("/")[0] for p in tracked} == {"README.md", "Makefile", "pyproject.toml", "environment.yml",
+                                                  ".gitignore", "course", "labs", "autograder", "scripts"}
+    # The starters are exactly the repository's (and so what `k2c sync` writes).
+    for path in (REPO / "labs").rglob("*.py"):
+        assert (released / path.relative_to(REPO)).read_bytes() == path.read_bytes(), path
+
+    bodies = solution_bodies()
+    assert len(bodies) > 100  # every lab's functions, not an empty search
+    # The search finds a body where it is: in its own file, and in a notebook cell.
+    where, name = next(iter(bodies))
+    own = released_texts(REPO / where.split(":")[0])
+    assert all(any(b in t for t in own) for b in bodies[(where, name)])
+    cell = {"cells": [{"cell_type": "code", "source": [(REPO / where.split(":")[0]).read_text()], "outputs": []}]}
+    (released.parent / "probe.ipynb").write_text(json.dumps(cell))
+    assert all(any(b in t for t in released_texts(released.parent / "probe.ipynb")) for b in bodies[(where, name)])
+
+    leaked = []
+    for rel in tracked:
+        path = released / rel
+        texts = released_texts(path)
+        if path.suffix == ".ipynb":
+            cells = json.loads(path.read_text())["cells"]
+            assert not any(c.get("outputs") for c in cells), f"{rel} ships outputs"
+        leaked += [f"{name} ({where}) in {rel}" for (where, name), variants in bodies.items()
+                   if any(b in t for b in variants for t in texts)]
+    assert leaked == []
+
+
+def _light_venv(release):
+    """The release's .venv, made in a second instead of minutes: a venv with no packages of its
+    own that sees what this checkout's venv installed through symlinks inside it (bubblewrap
+    binds the venv, so the sandbox sees them too): the site-packages, and what wheels put beside
+    them (mpich's mpiexec and libmpi). It leaves out this checkout's own k2c, which would import
+    autograder/ from here instead of from the release, and the scripts that run this checkout's
+    Python (a `pip` there would install into it)."""
+    venv, main = release / ".venv", Path(sys.prefix)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    purelib = Path(sysconfig.get_paths()["purelib"])
+    view = venv / "main-packages"
+    view.mkdir()
+    for entry in purelib.iterdir():
+        if not (entry.name.startswith("k2c-") or "k2c" in entry.name and entry.name.startswith("__editable__")
+                or entry.name == "__pycache__"):
+            (view / entry.name).symlink_to(entry)
+    site = venv / purelib.relative_to(main)
+    (site / "_main_packages.pth").write_text(f"import site; site.addsitedir({str(view)!r})\n")
+    for folder in ("bin", "lib", "include", "share", "etc"):
+        for entry in sorted((main / folder).glob("*")):
+            ours = venv / folder / entry.name
+            runs_main_python = entry.is_file() and entry.read_bytes()[:2] == b"#!" and \
+                str(main).encode() in entry.read_bytes()[:200]
+            if not (ours.exists() or ours.is_symlink() or runs_main_python):
+                ours.parent.mkdir(exist_ok=True)
+                ours.symlink_to(entry)
+
+
+USED_FROM_LABS = """
+import json, sys, tempfile
+from pathlib import Path
+import autograder, course
+from autograder.labs import all_labs, with_used_files
+labs = Path(sys.argv[1]) / "labs"
+lab = next(lab for lab in all_labs() if lab.uses)
+with tempfile.TemporaryDirectory() as tmp:
+    staged = with_used_files(lab, labs / lab.slug, labs, Path(tmp) / "a")
+    from_labs = all((staged / Path(u).name).read_bytes() == (labs / u).read_bytes() for u in lab.uses)
+    alone = with_used_files(lab, labs / lab.slug, labs / lab.slug, Path(tmp) / "b")
+    none_else = not any((alone / Path(u).name).exists() for u in lab.uses)
+print(json.dumps({"autograder": autograder.__file__, "course": course.__file__,
+                  "lab": lab.slug, "from_labs": from_labs, "none_else": none_else}))
+"""
+
+
+@pytest.mark.slow
+def test_readme_commands_set_up_and_grade_the_starters_at_zero(released, tmp_path):
+    readme = (released / "README.md").read_text()
+    block = re.search(r"## Setting up.*?```bash\n(.*?)```", readme, re.S)[1]
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    assert commands == ["make setup", "make grade"]
+
+    _light_venv(released)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    setup = subprocess.run(commands[0].split(), cwd=released, env=env, capture_output=True, text=True, timeout=300)
+    assert setup.returncode == 0, setup.stdout + setup.stderr
+    assert "ready:" in setup.stdout
+
+    # The release's own grader is the one installed: run from elsewhere, it imports the
+    # release's autograder and course, and stages a lab's `uses` files from the
+    # student's labs/ and from nowhere else.
+    probe = subprocess.run([str(released / ".venv/bin/python"), "-c", USED_FROM_LABS, str(released)],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 0, probe.stderr
+    found = json.loads(probe.stdout)
+    assert found["autograder"] == str(released / "autograder" / "__init__.py")
+    assert found["course"] == str(released / "course" / "__init__.py")
+    assert found["from_labs"] and found["none_else"], found
+
+    # `make grade` grades every lab (minutes); one cheap lab shows the starters at zero.
+    grade = subprocess.run([*commands[1].split(), "LAB=05"], cwd=released, env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert grade.returncode == 0, grade.stdout + grade.stderr
+    assert "k2c grade 05 --submission labs" in grade.stdout
+    score = re.search(r"Score: (\S+)/(\S+)", grade.stdout)
+    assert score and float(score[1]) == 0 and float(score[2]) > 0, grade.stdout
+    statuses = re.findall(r"^\s+[\d.]+/[\d.]+\s+(\w+)\s", grade.stdout, re.M)
+    assert "failed" in statuses and set(statuses) <= {"failed", "skipped"}, grade.stdout
+    assert grade.stdout.count("not implemented yet") >= statuses.count("failed")
+    from autograder.isolation import detect
+    assert f"isolation: {detect().layer.value}" in grade.stdout  # the same layer as in this checkout
+
+    # Setting up and grading leave the student's tree clean (.gitignore covers .venv, egg-info).
+    assert git(released, "status", "--porcelain") == ""
