@@ -27,7 +27,6 @@ import io
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -222,10 +221,23 @@ def grade_one(student: str, folder: Path, sha: str, settings: Settings, scratch:
 
 
 def _kill(proc: subprocess.Popen) -> None:
+    """Kill the grading and everything below it: its sandboxed calls run in
+    sessions of their own, so its process group alone is not enough."""
+    from autograder.sandbox import _group_members, kill_group
+
+    doomed = _group_members(proc.pid)
+    kill_group(proc.pid)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(_alive(pid) for pid in doomed):
+        time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _last_lines(text: str, n: int = 3) -> str:

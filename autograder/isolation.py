@@ -120,8 +120,29 @@ class Isolation:
 
 def needed_paths() -> list[str]:
     """What the child must read: this Python, its environment, and the grader's packages."""
-    paths = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)), PACKAGE_ROOT}
+    paths = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)), PACKAGE_ROOT,
+             *_linked_from_environment()}
     return sorted(p for p in paths if p)
+
+
+@functools.lru_cache(maxsize=1)
+def _linked_from_environment() -> frozenset[str]:
+    """The folders that entries of this environment's site-packages, bin/ and lib/ link
+    into (an environment built of links to another's packages): without them
+    the child would see dangling links."""
+    folders = [p for p in sys.path if p.startswith(sys.prefix + os.sep) and os.path.isdir(p)]
+    folders += [os.path.join(sys.prefix, "bin"), os.path.join(sys.prefix, "lib")]  # mpiexec, libmpi
+    found = set()
+    for folder in folders:
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(folder, name)
+            if os.path.islink(path):
+                found.add(os.path.dirname(os.path.realpath(path)))
+    return frozenset(found)
 
 
 def _put_back(paths: list[str]) -> list[str]:
