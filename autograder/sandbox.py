@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import resource
+import secrets
 import shutil
 import signal
 import stat
@@ -135,6 +136,35 @@ def kill_group(pgid: int) -> None:
         pass
 
 
+def _sweep(marker: str, patience_s: float = 2.0) -> None:
+    """Kill what is left of a call and wait until it is gone. When bubblewrap's
+    namespace ends, the kernel kills what is inside, but the outer bwrap can
+    exit first: the call's processes, found by their marker, must be dead
+    before the call returns."""
+    needle = f"K2C_CALL={marker}".encode()
+    deadline = time.monotonic() + patience_s
+    while True:
+        alive = []
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        continue
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if needle in f.read().split(b"\0"):
+                        alive.append(int(entry))
+            except OSError:
+                continue
+        if not alive or time.monotonic() > deadline:
+            return
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.02)
+
+
 def _stage(submission: str, folder: str) -> str:
     """A copy of the submission that the call's user can read and not change.
     Links are copied as links, never followed: a link cannot make the grader
@@ -185,6 +215,8 @@ def run_call(request: dict, limits: Limits, env: dict[str, str] | None = None,
         child_env.update(layer.child_env(scratch))
         child_env["K2C_RESULT_FD"] = child_env["K2C_PASS_FDS"] = str(write_end)
         child_env["PYTHONDONTWRITEBYTECODE"] = "1"
+        # Marks every process of this call, for the last sweep below.
+        child_env["K2C_CALL"] = marker = secrets.token_hex(8)
         # The child must import the grader's own packages even when they are not installed.
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [isolation.PACKAGE_ROOT, child_env.get("PYTHONPATH")]))
         command = layer.command([sys.executable, "-m", "autograder.child"], scratch,
@@ -233,6 +265,7 @@ def run_call(request: dict, limits: Limits, env: dict[str, str] | None = None,
         finally:
             kill_group(proc.pid)
             proc.wait()
+            _sweep(marker)
         reader.join(timeout=2)
         os.close(read_end)
         duration = time.monotonic() - start
