@@ -6,8 +6,9 @@
     job.check()        # raise a readable error unless every rank finished
 
 ``target`` is a function, ``"module:function"`` or ``"path/to/file.py:function"``.
-``run(target, n, *args)`` starts ``n`` fresh Python processes (this interpreter,
-this environment). Rank 0 opens a rendezvous store on a free loopback port
+``run(target, n, *args)`` starts one fresh Python process (this interpreter,
+this environment) that imports torch and then forks the ``n`` ranks: importing
+torch takes seconds, so a job pays it once, not once per rank. Rank 0 opens a rendezvous store on a free loopback port
 (the operating system picks it, so parallel jobs never collide) and tells the
 others where it is; each process then joins the default process group — gloo
 on the CPU, NCCL when every rank can have a GPU of its own — and calls
@@ -23,8 +24,8 @@ an hour). Every process of the job is killed either way, and the result says
 which ranks had finished.
 
 The target must be importable by the worker processes — a function in a
-``.py`` module, not one defined in a notebook: each worker is a new interpreter
-that cannot see the notebook's ``__main__`` (this is also why
+``.py`` module, not one defined in a notebook: the workers come from a new
+interpreter that cannot see the notebook's ``__main__`` (this is also why
 ``torch.multiprocessing.spawn`` fails there). The caller's working folder and
 ``sys.path`` are passed on, so a module next to the notebook works.
 """
@@ -58,34 +59,30 @@ def run(target, n: int, *args, timeout: float = 60, backend: str = "auto", **kwa
         (Path(folder) / "request.pkl").write_bytes(pickle.dumps(request))
         log = Path(folder) / "output.txt"
         start = time.monotonic()
-        procs = []
+        env = worker_env()
+        env.update(WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n), MASTER_ADDR=HOST)
         with open(log, "wb") as out:
+            # A session of its own, which the ranks share: killing it (and what
+            # they started) cannot touch the caller.
+            forker = subprocess.Popen([sys.executable, "-m", "course.dist", folder, str(n)], env=env,
+                                      stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      start_new_session=True)
             try:
-                for rank in range(n):
-                    env = worker_env()
-                    env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n),
-                               MASTER_ADDR=HOST)
-                    # A session each: killing it (and what it started) cannot touch the caller.
-                    procs.append(subprocess.Popen([sys.executable, "-m", "course.dist", folder], env=env,
-                                                  stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                  start_new_session=True))
-                timed_out, codes = _wait(procs, start + timeout)
+                timed_out, codes = _wait(forker, Path(folder), n, start + timeout)
             finally:
-                # Freeze every worker first: one that sees a peer die would report that as its own error.
-                for proc in procs:
-                    try:
-                        os.killpg(proc.pid, signal.SIGSTOP)
-                    except OSError:
-                        pass
-                for proc in procs:
-                    kill_tree(proc)
+                # Freeze every rank first: one that sees a peer die would report that as its own error.
+                try:
+                    os.killpg(forker.pid, signal.SIGSTOP)
+                except OSError:
+                    pass
+                kill_tree(forker)
         job = Job(n, "ok", [None] * n, duration_s=time.monotonic() - start, timeout_s=timeout, kind="torch")
         job.read_replies(Path(folder))
         # Exit codes as the launcher saw them, before it killed the job: a negative one is a signal.
         job.killed = {rank: _signal_name(-code) for rank, code in enumerate(codes)
                       if code is not None and code < 0 and rank not in job.finished}
         job.output = log.read_bytes()[-4000:].decode(errors="replace")
-    return job.settle(timed_out, clean_exit=all(p.returncode == 0 for p in procs))
+    return job.settle(timed_out, clean_exit=all(code == 0 for code in codes))
 
 
 def _signal_name(number: int) -> str:
@@ -95,13 +92,26 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _wait(procs, deadline) -> tuple[bool, list]:
-    """Wait until every worker exits, one fails, or the deadline passes; return
-    (timed out, each worker's exit code or None) at that moment."""
-    codes = [None] * len(procs)
+def _exit_codes(folder: Path, n: int) -> list:
+    """Each rank's exit code as the forker wrote it (negative: the signal that
+    ended it), or None while it runs."""
+    codes = [None] * n
+    for rank in range(n):
+        try:
+            codes[rank] = int((folder / f"exit-{rank}").read_text())
+        except (OSError, ValueError):
+            pass
+    return codes
+
+
+def _wait(forker, folder: Path, n: int, deadline) -> tuple[bool, list]:
+    """Wait until every rank exits, one fails, the forker dies, or the deadline
+    passes; return (timed out, each rank's exit code or None) at that moment."""
+    codes = [None] * n
     while time.monotonic() < deadline:
-        codes = [p.poll() for p in procs]
-        if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
+        gone = forker.poll() is not None
+        codes = _exit_codes(folder, n)
+        if gone or all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
             return False, codes
         time.sleep(0.02)
     return True, codes
@@ -144,16 +154,48 @@ def init(backend: str = "auto", timeout: float = 600):
     return tdist.group.WORLD
 
 
-# -- the worker side: python -m course.dist FOLDER --------------------------------------
+# -- the ranks' side: python -m course.dist FOLDER N -----------------------------------
 
-def _worker_main(folder: str) -> None:
+def _forker_main(folder: str, n: int) -> None:
+    """Import torch once, then fork the ``n`` ranks and record how each exits.
+    No thread runs yet when it forks (the launcher asks for one OpenMP thread,
+    and nothing has computed), which is what makes forking safe."""
     from course import refuse
 
     refuse.install_from_env()  # before torch: a refused object is replaced as its module loads
+    import torch  # noqa: F401 - loaded once here, inherited by every rank
+    import torch.distributed  # noqa: F401
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    ranks = {}
+    for rank in range(n):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _worker_main(folder, rank, n)
+            finally:
+                os._exit(1)
+        ranks[pid] = rank
+    while ranks:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            break
+        if pid in ranks:
+            code = Path(folder) / f"exit-{ranks.pop(pid)}"
+            code.with_suffix(".tmp").write_text(str(os.waitstatus_to_exitcode(status)))
+            code.with_suffix(".tmp").rename(code)
+    os._exit(0)
+
+
+def _worker_main(folder: str, rank: int, n: int) -> None:
     import torch
     import torch.distributed as tdist
 
-    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
+    if "numpy.random" in sys.modules:  # as unrelated as in processes of their own
+        sys.modules["numpy.random"].seed()
     request = pickle.loads((Path(folder) / "request.pkl").read_bytes())
     # gloo's own timeout comes after the launcher's, which then reports the hang as such.
     timeout = datetime.timedelta(seconds=request["timeout"] + 60)
@@ -195,4 +237,4 @@ def _store_barrier(store, key, n):
 
 
 if __name__ == "__main__":
-    _worker_main(sys.argv[1])
+    _forker_main(sys.argv[1], int(sys.argv[2]))
