@@ -58,8 +58,10 @@ def _grade(args) -> int:
     from autograder.labs import all_labs, find_lab
     from autograder.runner import grade, resolve_tier
 
-    tier = resolve_tier(args.tier)
     labs = all_labs() if args.lab == "all" else [find_lab(args.lab)]
+    if args.list:
+        return _list(labs, args.k, args.format)
+    tier = resolve_tier(args.tier)
     root = Path(args.submission) if args.submission else _default_submission()
     results = []
     for lab in labs:
@@ -77,6 +79,26 @@ def _grade(args) -> int:
         sys.stdout.write(rendered)
     full = all(r.score >= r.max_score for r in results)
     return EXIT_BELOW_FULL if args.require_full and not full else EXIT_OK
+
+
+def _list(labs, select, format) -> int:
+    import dataclasses
+    import json
+
+    from autograder.runner import list_checks
+
+    if format == "json":
+        print(json.dumps({lab.slug: [dataclasses.asdict(c) for c in list_checks(lab, select)] for lab in labs},
+                         indent=1))
+        return EXIT_OK
+    for lab in labs:
+        checks = list_checks(lab, select)
+        print(f"Lab {lab.slug} — {lab.title}: {len(checks)} checks, "
+              f"{sum(c.max_points for c in checks):g} points")
+        for check in checks:
+            tier = "  (GPU tier)" if check.gpu else ""
+            print(f"  {check.max_points:>4g}  {check.name}{tier}\n        {check.title}")
+    return EXIT_OK
 
 
 def cmd_grade_class(args) -> int:
@@ -175,6 +197,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--timeout", type=float, metavar="SECONDS", help="limit for each call into the submission")
     g.add_argument("--require-full", action="store_true", help="exit 1 when the score is below the maximum")
     g.add_argument("-k", metavar="EXPR", help="only the checks whose names match (pytest -k syntax)")
+    g.add_argument("--list", action="store_true", help="list the checks (name, points, title; --format json too) and grade nothing")
     g.set_defaults(run=cmd_grade)
 
     c = sub.add_parser("grade-class", help="grade a folder of submissions (one folder or zip per student) into a gradebook")

@@ -26,7 +26,8 @@ class CheckResult:
     metrics: dict = field(default_factory=dict)  # numbers a check measured (bandwidths, ratios)
 
 
-def _title(item) -> str:
+def check_title(item) -> str:
+    """A check's title: the first line of its docstring, and its parameters' id."""
     doc = (getattr(item, "function", None) and item.function.__doc__) or ""
     title = doc.strip().splitlines()[0] if doc.strip() else item.name
     if getattr(item, "callspec", None):
@@ -105,7 +106,7 @@ class GradingPlugin:
         return time.monotonic() - self._started.get(item.nodeid, time.monotonic())
 
     def _record(self, item, max_points, status, feedback, duration, points=0.0):
-        result = CheckResult(item.name.removeprefix("check_"), _title(item), points,
+        result = CheckResult(item.name.removeprefix("check_"), check_title(item), points,
                              max_points, status, feedback, duration, self._metrics.get(item.nodeid, {}))
         self.results.append(result)
         if self._on_result:

@@ -14,7 +14,7 @@ import pytest
 
 from autograder import isolation
 from autograder.labs import Lab, UsageError, locate_submission, with_used_files
-from autograder.plugin import CheckResult, GradingPlugin
+from autograder.plugin import CheckResult, GradingPlugin, check_title
 from autograder.sandbox import Limits
 from autograder.submission import Submission
 from course import refuse
@@ -75,6 +75,53 @@ def grade(lab: Lab, submission_root: Path, tier: str, timeout_s: float | None = 
         return _grade_folder(lab, folder, graded, missing, tier, timeout_s, select, on_result, start)
 
 
+@dataclass(frozen=True)
+class CheckInfo:
+    name: str
+    title: str
+    max_points: float
+    gpu: bool  # graded on the GPU tier only
+
+
+def _pytest_args(lab: Lab, select: str | None = None) -> list[str]:
+    args = [str(lab.checks_dir), "-c", os.devnull, "--rootdir", str(lab.checks_dir),
+            "-o", "python_files=check_*.py", "-o", "python_functions=check_*",
+            # Only the grading plugin: entry-point plugins of whatever is installed
+            # (nbval takes ~6 s to import; pytest-randomly would reorder checks)
+            # have no say in a grade.
+            "--disable-plugin-autoload",
+            "-p", "no:cacheprovider", "-p", "no:stepwise", "--import-mode=importlib",
+            "-q", "--no-header", "-W", "ignore::pytest.PytestAssertRewriteWarning"]
+    return args + (["-k", select] if select else [])
+
+
+def list_checks(lab: Lab, select: str | None = None) -> list[CheckInfo]:
+    """The lab's checks, in grading order, without running one (``k2c grade --list``)."""
+    class Collector:
+        def __init__(self):
+            self.found: list[CheckInfo] = []
+
+        def pytest_configure(self, config):  # the marks the grading plugin registers
+            config.addinivalue_line("markers", "points(n): what the check is worth")
+            config.addinivalue_line("markers", "gpu: needs the GPU tier (a CUDA device)")
+
+        def pytest_collection_finish(self, session):
+            for item in session.items:
+                marker = item.get_closest_marker("points")
+                self.found.append(CheckInfo(item.name.removeprefix("check_"), check_title(item),
+                                            float(marker.args[0]) if marker else 1.0,
+                                            item.get_closest_marker("gpu") is not None))
+
+    collector = Collector()
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        code = pytest.main([*_pytest_args(lab, select), "--collect-only"], plugins=[collector])
+    if code not in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        raise UsageError(f"the checks of lab {lab.slug} could not be collected (pytest exit {int(code)}):\n"
+                         + log.getvalue()[-2000:])
+    return collector.found
+
+
 def _grade_folder(lab, folder, graded, missing, tier, timeout_s, select, on_result, start) -> LabResult:
     try:
         layer = isolation.detect()
@@ -84,16 +131,7 @@ def _grade_folder(lab, folder, graded, missing, tier, timeout_s, select, on_resu
                     address_space=(tier == "cpu"), devices=(tier == "gpu"))
     submission = Submission(graded, lab.checks_dir / "harness.py", tier, limits, child_environment(tier, lab))
     plugin = GradingPlugin(submission, tier, missing, on_result)
-    args = [str(lab.checks_dir), "-c", os.devnull, "--rootdir", str(lab.checks_dir),
-            "-o", "python_files=check_*.py", "-o", "python_functions=check_*",
-            # Only the grading plugin: entry-point plugins of whatever is installed
-            # (nbval takes ~6 s to import; pytest-randomly would reorder checks)
-            # have no say in a grade.
-            "--disable-plugin-autoload",
-            "-p", "no:cacheprovider", "-p", "no:stepwise", "--import-mode=importlib",
-            "-q", "--no-header", "-W", "ignore::pytest.PytestAssertRewriteWarning"]
-    if select:
-        args += ["-k", select]
+    args = _pytest_args(lab, select)
     log = io.StringIO()
     with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         code = pytest.main(args, plugins=[plugin])

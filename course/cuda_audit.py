@@ -27,7 +27,14 @@ was atomic. From that record alone, with no timing involved:
 Shared arrays are also poisoned (NaN, or a sentinel for integers) instead of
 the simulator's uninitialised memory, so reading an element nobody wrote shows.
 
-It works only in the simulator (``NUMBA_ENABLE_CUDASIM=1``), by wrapping a few
+A negative index wraps around in NumPy, and so in the simulator: ``out[-t]``
+lands on ``out[n - t]``, which can leave the output right. Each access records
+whether its index wrapped, so a check can name the mistake.
+
+``with launches() as found:`` records only the grid and block of every kernel
+launch, e.g. to check that host code launches with the configuration it should.
+
+Both work only in the simulator (``NUMBA_ENABLE_CUDASIM=1``), by wrapping a few
 of its internals for the duration of the ``with`` block.
 """
 from __future__ import annotations
@@ -59,6 +66,14 @@ class Access:
     epoch: int  # syncthreads() calls this thread had passed
     k: int  # this thread's k-th access to this memory space within the epoch
     launch: int  # which kernel launch inside the audit (1, 2, ...)
+    wrapped: bool = False  # a negative index, which NumPy (and the simulator) wrapped around
+
+
+@dataclass(frozen=True)
+class Launch:
+    kernel: str  # the kernel function's name
+    grid: tuple  # blocks along (x, y, z)
+    block: tuple  # threads per block along (x, y, z)
 
 
 @dataclass(frozen=True)
@@ -191,28 +206,31 @@ def _base_address(array: np.ndarray) -> int:
     return array.__array_interface__["data"][0]
 
 
-def _element_offset(array: np.ndarray, index) -> int | None:
-    """Byte offset from the start of the array's buffer, or None if not one element."""
+def _element_offset(array: np.ndarray, index) -> tuple[int, bool] | None:
+    """(byte offset from the start of the array's buffer, whether a negative index
+    wrapped around), or None if not one element."""
     if not isinstance(index, tuple):
         index = (index,)
     if len(index) != array.ndim:
         return None
-    offset = array.__array_interface__["data"][0] - _base_address(array)
+    offset, wrapped = array.__array_interface__["data"][0] - _base_address(array), False
     for i, n, stride in zip(index, array.shape, array.strides):
         if not isinstance(i, (int, np.integer)):
             return None
         i = int(i)
+        wrapped = wrapped or i < 0
         offset += (i + n if i < 0 else i) * stride
-    return offset
+    return offset, wrapped
 
 
 def _record(space, name, array, index, kind) -> None:
     thread = threading.current_thread()
     if _log is None or not hasattr(thread, "thread_id"):
         return  # host code, or no audit running
-    offset = _element_offset(array, index)
-    if offset is None:
+    found = _element_offset(array, index)
+    if found is None:
         return
+    offset, wrapped = found
     if getattr(_state, "atomic", False):
         if _state.atomic_recorded:
             return  # the simulator's atomic reads and writes the element: one access
@@ -223,7 +241,7 @@ def _record(space, name, array, index, kind) -> None:
     k = counters[(space, epoch)]
     counters[(space, epoch)] += 1
     access = Access(space, name, offset, array.itemsize, kind, tuple(thread.blockIdx), thread.thread_id, epoch, k,
-                    _log.launches)
+                    _log.launches, wrapped)
     with _lock:
         _log.accesses.append(access)
 
@@ -321,15 +339,44 @@ def _patched_simulator():
     return swaps
 
 
-@contextlib.contextmanager
-def audit():
-    """Record the memory accesses of every simulated kernel launched inside the block."""
-    global _log
+def _require_simulator() -> None:
     from numba import config
 
     if not config.ENABLE_CUDASIM:
         raise RuntimeError("course.cuda_audit needs numba's CUDA simulator: set NUMBA_ENABLE_CUDASIM=1 "
                            "before numba.cuda is imported (course.use_simulator_if_no_gpu() does it)")
+
+
+@contextlib.contextmanager
+def launches():
+    """Record the grid and block (each as (x, y, z)) of every kernel launched in
+    the simulator inside the block, as a list of ``Launch``."""
+    from numba.cuda.simulator import kernel as sim_kernel
+    from numba.cuda.errors import normalize_kernel_dimensions
+
+    _require_simulator()
+    found: list[Launch] = []
+    original = sim_kernel.FakeCUDAKernel.__call__
+
+    def call(self, *args):
+        if not (self._device or sim_kernel._kernel_context):
+            grid, block = normalize_kernel_dimensions(self.grid_dim, self.block_dim)
+            found.append(Launch(self.fn.__name__, tuple(grid), tuple(block)))
+        return original(self, *args)
+
+    sim_kernel.FakeCUDAKernel.__call__ = call
+    try:
+        yield found
+    finally:
+        sim_kernel.FakeCUDAKernel.__call__ = original
+
+
+@contextlib.contextmanager
+def audit():
+    """Record the memory accesses of every simulated kernel launched inside the block."""
+    global _log
+
+    _require_simulator()
     if _log is not None:
         raise RuntimeError("audits do not nest")
     swaps = _patched_simulator()

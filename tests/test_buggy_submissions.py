@@ -1,4 +1,4 @@
-"""Each realistic bug loses the points of the checks aimed at it, and only those.
+"""Each realistic bug loses exactly the points of the checks it names, and no others.
 
 Bugs live in ``tests/fixtures/buggy*.py`` (one ``BUGS`` list per file); every
 file found there is collected, so a new lab adds its own file.
@@ -18,10 +18,11 @@ def test_bug_is_caught(bug, make_submission):
     got = statuses(report)
     failing = {name for name, status in got.items() if status not in ("passed", "skipped")}
     assert bug.must_fail <= failing, f"not caught: {sorted(bug.must_fail - failing)}; statuses {got}"
-    collateral = {t["name"]: t["feedback"] for t in report["tests"] if t["name"] in failing - bug.must_fail - bug.may_fail}
+    collateral = {t["name"]: t["feedback"] for t in report["tests"] if t["name"] in failing - bug.must_fail}
     assert not collateral, f"collateral failures: {collateral}"
-    assert report["score"] < report["max_score"]
     lost = {t["name"]: t for t in report["tests"] if t["name"] in bug.must_fail}
+    # Exactly the points of the checks it names, no partial credit kept or lost elsewhere.
+    assert report["max_score"] - report["score"] == sum(t["max_points"] for t in lost.values())
     for test in lost.values():
         assert test["points"] == 0 and test["feedback"], test
         assert "Traceback" not in test["feedback"]

@@ -112,18 +112,20 @@ def _expect_own_elements(result, what, element_of, one_d):
     writes = result["writes"]
     assert len(writes), (f"{what}: no thread wrote a single element of the output: whole-array or NumPy "
                          "operations inside a kernel run only in the simulator; each thread writes out[its index]")
-    threads = {(int(x), int(y)) for x, y, _, _ in writes}
+    threads = {(int(x), int(y)) for x, y, *_ in writes}
     if len(threads) == 1:
         x, y = next(iter(threads))
         raise AssertionError(f"{what}: every write came from one thread ({_at(x, y, one_d)}); on a GPU each thread "
                              "computes its own element, which is what makes the kernel parallel")
-    for x, y, i, j in writes:
+    for x, y, i, j, wrapped in writes:
         want = element_of(int(x), int(y))
+        # A negative index wraps around (in NumPy and in the simulator), which can leave the output right.
+        how = " through a negative index, which wraps around to the end" if wrapped else ""
         assert (int(i), int(j)) == want, (
-            f"{what}: the thread with global index {_at(x, y, one_d)} wrote out{_at(j, i, one_d, True)}, "
+            f"{what}: the thread with global index {_at(x, y, one_d)} wrote out{_at(j, i, one_d, True)}{how}, "
             f"expected out{_at(want[1], want[0], one_d, True)} — each thread writes the element at its own global index")
     per_element = {}
-    for _, _, i, j in writes:
+    for _, _, i, j, _ in writes:
         per_element[(int(i), int(j))] = per_element.get((int(i), int(j)), 0) + 1
     twice = [e for e, count in per_element.items() if count > 1]
     i, j = twice[0] if twice else (0, 0)
@@ -157,33 +159,68 @@ def check_broadcast_add_thread_mapping(submission):
     _expect_own_elements(result, "broadcast_add_kernel", lambda gx, gy: (gy, gx), one_d=False)
 
 
+def _host(submission, tier, func, args, config_sizes, device_args=None):
+    """The host function run in the simulator (what it returns and how it
+    launched), and on the GPU tier its result at device size as well."""
+    run = submission.in_simulator().harness("host_launches", func, config_sizes, *args)
+    device = submission.harness(f"host_{func}", *device_args) if tier == "gpu" and device_args else None
+    return run, device
+
+
+def _expect_launches(run, kernel, grid, block, how):
+    """One launch of ``kernel``, with exactly this grid and block (each x, y, z)."""
+    launched = [(k, tuple(g), tuple(b)) for k, g, b in run["launches"]]
+    ours = [launch for launch in launched if launch[0] == kernel]
+    assert len(ours) == 1, f"expected one launch of {kernel}, saw {len(ours)} (all launches: {launched})"
+    _, got_grid, got_block = ours[0]
+    assert (got_grid, got_block) == (grid, block), (
+        f"{kernel} was launched with {got_grid[:len(how)]} blocks of {got_block[:len(how)]} threads "
+        f"(x, y); expected {grid[:len(how)]} blocks of {block[:len(how)]}: {how}. An over-sized grid "
+        "still gives the right answer thanks to the guard, but it starts threads that do nothing")
+
+
 @pytest.mark.points(1)
 def check_host_relu(submission, tier):
-    """relu() copies in, launches with launch_config and copies the result back"""
+    """relu() launches relu_kernel once, with the blocks and threads launch_config gives, and returns relu(x)"""
     _require_compiles(submission, "relu_kernel")
-    n = by_tier(tier, cpu=777, gpu=10_000_019)
-    x = _floats(n, SEED + 6)
-    expect_array(submission.harness("host_relu", x, 64), np.maximum(x, 0), "relu(x)")
+    x = _floats(777, SEED + 6)
+    run, device = _host(submission, tier, "relu", (x, 64), [(777, 64)], (_floats(10_000_019, SEED + 6), 64))
+    expect_array(run["value"], np.maximum(x, 0), "relu(x)")
+    blocks, threads = run["configs"][0]
+    _expect_launches(run, "relu_kernel", (blocks, 1, 1), (threads, 1, 1),
+                     f"launch_config(777, 64) = ({blocks}, {threads}) is (blocks, threads per block)")
+    if device is not None:
+        expect_array(device, np.maximum(_floats(10_000_019, SEED + 6), 0), "relu(x) on the GPU")
 
 
 @pytest.mark.points(1)
 def check_host_saxpy(submission, tier):
-    """saxpy() returns a*x + y as a NumPy array"""
+    """saxpy() launches saxpy_kernel once, with launch_config's blocks and threads, and returns a*x + y"""
     _require_compiles(submission, "saxpy_kernel")
-    n = by_tier(tier, cpu=555, gpu=10_000_019)
-    x, y = _floats(n, SEED + 7), _floats(n, SEED + 8)
-    expect_array(submission.harness("host_saxpy", -1.5, x, y, 128), np.float32(-1.5) * x + y,
-                 "saxpy(a, x, y)", atol=1e-6)
+    x, y = _floats(555, SEED + 7), _floats(555, SEED + 8)
+    big = (_floats(10_000_019, SEED + 7), _floats(10_000_019, SEED + 8))
+    run, device = _host(submission, tier, "saxpy", (-1.5, x, y, 128), [(555, 128)], (-1.5, *big, 128))
+    expect_array(run["value"], np.float32(-1.5) * x + y, "saxpy(a, x, y)", atol=1e-6)
+    blocks, threads = run["configs"][0]
+    _expect_launches(run, "saxpy_kernel", (blocks, 1, 1), (threads, 1, 1),
+                     f"launch_config(555, 128) = ({blocks}, {threads}) is (blocks, threads per block)")
+    if device is not None:
+        expect_array(device, np.float32(-1.5) * big[0] + big[1], "saxpy(a, x, y) on the GPU", atol=1e-6)
 
 
 @pytest.mark.points(1)
 def check_host_broadcast_add(submission, tier):
-    """broadcast_add() returns the (col.size, row.size) table"""
+    """broadcast_add() launches the fewest blocks of the given shape that cover the table (x along columns) and returns it"""
     _require_compiles(submission, "broadcast_add_kernel")
-    rows, cols = by_tier(tier, cpu=(19, 45), gpu=(3001, 2999))
-    col, row = _floats(rows, SEED + 9), _floats(cols, SEED + 10)
-    expect_array(submission.harness("host_broadcast_add", col, row, (16, 8)), col[:, None] + row[None, :],
-                 "broadcast_add(col, row)")
+    col, row = _floats(19, SEED + 9), _floats(48, SEED + 10)  # 48 columns: exactly 3 blocks of 16
+    big = (_floats(3001, SEED + 9), _floats(2999, SEED + 10))
+    run, device = _host(submission, tier, "broadcast_add", (col, row, (16, 8)), [], (*big, (16, 8)))
+    expect_array(run["value"], col[:, None] + row[None, :], "broadcast_add(col, row)")
+    _expect_launches(run, "broadcast_add_kernel", (3, 3, 1), (16, 8, 1),
+                     "a 19 x 48 table in blocks of 16 x 8 needs ceil(48 / 16) = 3 blocks along x (the columns) "
+                     "and ceil(19 / 8) = 3 along y (the rows)")
+    if device is not None:
+        expect_array(device, big[0][:, None] + big[1][None, :], "broadcast_add(col, row) on the GPU")
 
 
 @pytest.mark.gpu

@@ -60,9 +60,22 @@ def thread_writes(kernel_name, n_or_shape, block, *inputs):
     except Exception as exc:  # noqa: BLE001 - reported to the check as data
         return {"writes": np.zeros((0, 4), np.int64), "launch_error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     writes = [(a.block[0] * bx + a.thread % bx, (a.block[1] if len(a.block) > 1 else 0) * by + a.thread // bx,
-               *divmod(a.offset // a.itemsize, shape[1]))
+               *divmod(a.offset // a.itemsize, shape[1]), a.wrapped)
               for a in log.accesses if a.array == "out" and a.kind == "w"]
-    return {"writes": np.array(writes, np.int64).reshape(-1, 4), "launch_error": None}
+    return {"writes": np.array(writes, np.int64).reshape(-1, 5), "launch_error": None}
+
+
+def host_launches(func, config_sizes, *args):
+    """In the simulator: what the student's host function ``func`` returns, the
+    (kernel, grid, block) of every launch it made, and what their launch_config
+    gives for each ``(n, threads_per_block)`` of ``config_sizes``."""
+    from course.cuda_audit import launches
+
+    student = _student()
+    with launches() as found:
+        value = getattr(student, func)(*args)
+    return {"value": value, "launches": [(launch.kernel, list(launch.grid), list(launch.block)) for launch in found],
+            "configs": [[int(v) for v in student.launch_config(n, tpb)] for n, tpb in config_sizes]}
 
 
 def launch_configs(cases):
