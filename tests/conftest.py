@@ -58,27 +58,78 @@ def statuses(report):
     return {t["name"]: t["status"] for t in report["tests"]}
 
 
-@pytest.fixture
-def make_submission(tmp_path):
-    """Copy a lab's reference into a fresh folder, applying (before, after) edits.
-    The earlier labs' files it ``uses`` are copied beside its own (a flat
-    submission holding them): the grader takes them from the submission only."""
+def build_submission(folder: Path, lab_slug, filename, edits=()) -> Path:
+    """Copy a lab's reference into ``folder``, applying (before, after) edits to
+    ``filename``. The earlier labs' files it ``uses`` are copied beside its own (a
+    flat submission holding them): the grader takes them from the submission only."""
     from autograder.labs import find_lab
 
-    def make(lab_slug, filename, edits=()):
-        folder = tmp_path / lab_slug
-        shutil.copytree(REPO / "solutions" / lab_slug, folder,
-                        ignore=shutil.ignore_patterns("*.ipynb", "__pycache__"))
-        for used in find_lab(lab_slug).uses:
-            shutil.copyfile(REPO / "solutions" / used, folder / Path(used).name)
-        path = folder / filename
-        source = path.read_text()
-        for before, after in edits:
-            assert source.count(before) == 1, f"fixture edit no longer applies to {filename}: {before!r}"
-            source = source.replace(before, after)
-        path.write_text(source)
-        return folder
-    return make
+    shutil.copytree(REPO / "solutions" / lab_slug, folder, ignore=shutil.ignore_patterns("*.ipynb", "__pycache__"))
+    for used in find_lab(lab_slug).uses:
+        shutil.copyfile(REPO / "solutions" / used, folder / Path(used).name)
+    path = folder / filename
+    source = path.read_text()
+    for before, after in edits:
+        assert source.count(before) == 1, f"fixture edit no longer applies to {filename}: {before!r}"
+        source = source.replace(before, after)
+    path.write_text(source)
+    return folder
+
+
+@pytest.fixture
+def make_submission(tmp_path):
+    """``make(lab_slug, filename, edits)``: the reference with edits, in a fresh folder (see build_submission)."""
+    return lambda lab_slug, filename, edits=(): build_submission(tmp_path / lab_slug, lab_slug, filename, edits)
+
+
+def fixture_params(items, ids, kind):
+    """pytest parameters for buggy or alternative fixtures, one xdist group per
+    lab: under ``--dist loadgroup`` a lab's fixtures run in one worker, which
+    grades them all in one batch (``graded_fixture``)."""
+    return [pytest.param(item, id=name, marks=pytest.mark.xdist_group(f"{kind}-{item.lab}"))
+            for item, name in zip(items, ids)]
+
+
+def grade_batch(jobs, work: Path) -> list[dict]:
+    """``tests/grade_batch.py``: grade ``jobs`` ({lab, submission, select}) in one grader process."""
+    spec, out = work / "jobs.json", work / "reports.json"
+    spec.write_text(json.dumps(jobs))
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "grade_batch.py"), spec, out], cwd=REPO,
+                          capture_output=True, text=True, timeout=600 + 120 * len(jobs))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="session")
+def graded_fixture(request, tmp_path_factory):
+    """``report(fixture)``: the JSON report of a buggy or alternative fixture
+    (``tests/fixtures``), graded on its ``grade_args``. The first fixture of a lab
+    asked for grades, in one grader process, every fixture of the same kind and
+    lab that this session's selected tests hold (under xdist, its group's)."""
+    reports = {}
+
+    def key(item):
+        return type(item).__name__, item.lab, item.name
+
+    def report(wanted):
+        if key(wanted) not in reports:
+            batch = []
+            for test in request.session.items:
+                item = getattr(test, "callspec", None) and next(
+                    (v for v in test.callspec.params.values() if type(v) is type(wanted)), None)
+                if item is not None and item.lab == wanted.lab and key(item) not in reports \
+                        and item not in batch:
+                    batch.append(item)
+            work = tmp_path_factory.mktemp(f"batch-{wanted.lab[:2]}")
+            jobs = [{"lab": item.lab, "select": dict(zip(item.grade_args[::2], item.grade_args[1::2])).get("-k"),
+                     "submission": str(build_submission(work / f"{n}" / item.lab, item.lab, item.file, item.edits))}
+                    for n, item in enumerate(batch)]
+            for item, got in zip(batch, grade_batch(jobs, work)):
+                reports[key(item)] = got
+        got = reports[key(wanted)]
+        assert "error" not in got, got.get("error")
+        return got
+    return report
 
 
 @pytest.fixture

@@ -1,20 +1,20 @@
 """Correct code written another way than the reference scores full marks.
 
 Alternatives live in ``tests/fixtures/alternative_*.py`` (one ``ALTERNATIVES``
-list per file); each is graded on the checks it touches only.
+list per file); each is graded on the checks it touches only, a lab's
+alternatives in one grader process (conftest's ``graded_fixture``).
 """
 import pytest
 
-from conftest import fixtures, grade_json
+from conftest import fixture_params, fixtures
 
 ALTERNATIVES, IDS = fixtures("alternative_*", "ALTERNATIVES")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("alt", ALTERNATIVES, ids=IDS)
-def test_alternative_scores_full_marks(alt, make_submission):
-    folder = make_submission(alt.lab, alt.file, alt.edits)
-    report, _ = grade_json(folder, alt.lab, *alt.grade_args)
+@pytest.mark.parametrize("alt", fixture_params(ALTERNATIVES, IDS, "alternatives"))
+def test_alternative_scores_full_marks(alt, graded_fixture):
+    report = graded_fixture(alt)
     lost = {t["name"]: t["feedback"] for t in report["tests"] if t["status"] not in ("passed", "skipped")}
     assert report["tests"] and not lost, lost
     assert report["score"] == report["max_score"]

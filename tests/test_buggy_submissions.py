@@ -1,20 +1,20 @@
 """Each realistic bug loses exactly the points of the checks it names, and no others.
 
 Bugs live in ``tests/fixtures/buggy*.py`` (one ``BUGS`` list per file); every
-file found there is collected, so a new lab adds its own file.
+file found there is collected, so a new lab adds its own file. A lab's bugs are
+graded in one grader process (conftest's ``graded_fixture``).
 """
 import pytest
 
-from conftest import fixtures, grade_json, statuses
+from conftest import fixture_params, fixtures, statuses
 
 BUGS, IDS = fixtures("buggy*", "BUGS")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bug", BUGS, ids=IDS)
-def test_bug_is_caught(bug, make_submission):
-    folder = make_submission(bug.lab, bug.file, bug.edits)
-    report, _ = grade_json(folder, bug.lab, *bug.grade_args)
+@pytest.mark.parametrize("bug", fixture_params(BUGS, IDS, "bugs"))
+def test_bug_is_caught(bug, graded_fixture):
+    report = graded_fixture(bug)
     got = statuses(report)
     failing = {name for name, status in got.items() if status not in ("passed", "skipped")}
     assert bug.must_fail <= failing, f"not caught: {sorted(bug.must_fail - failing)}; statuses {got}"

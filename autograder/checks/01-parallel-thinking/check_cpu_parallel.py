@@ -99,12 +99,14 @@ def _amdahl_times(f, t1, p):
 @pytest.mark.points(2)
 def check_fit_amdahl_exact(submission):
     """fit_amdahl recovers the serial fraction and one-worker time from exact timings"""
-    p = np.array([1, 2, 3, 4, 8, 16, 32])
-    for f, t1 in ((0.1, 10.0), (0.37, 0.02)):
+    # Fractional fractions and times; the smallest fit (two worker counts) and one without p = 1,
+    # where t1 is not simply the first timing.
+    typical = np.array([1, 2, 3, 4, 8, 16, 32])
+    for p, f, t1 in ((typical, 0.1, 10.0), (typical, 0.37, 0.02), (np.array([2, 6]), 0.25, 1.5)):
         got = submission.call("cpu_parallel.fit_amdahl", p, _amdahl_times(f, t1, p))
         assert isinstance(got, (tuple, list)) and len(got) == 2, f"fit_amdahl should return (f, t1), got {got!r}"
-        expect_close(got[0], f, f"fitted serial fraction for f={f}", rel=1e-6)
-        expect_close(got[1], t1, f"fitted one-worker time for t1={t1}", rel=1e-6)
+        expect_close(got[0], f, f"fitted serial fraction for f={f}, p={p.tolist()}", rel=1e-6)
+        expect_close(got[1], t1, f"fitted one-worker time for t1={t1}, p={p.tolist()}", rel=1e-6)
 
 
 @pytest.mark.points(1)

@@ -34,14 +34,15 @@ from autograder.submission import failure_from
 WORLDS = (2, 4)
 STEPS = 3
 TOLERANCE = 1e-9
-BUCKET_CAPS = (1e-5, 0.002, 25.0)
+BUCKET_CAPS = (2**-15, 0.002, 25.0)  # 32 bytes (the smallest parameter's size: reaching the cap closes a bucket)
+FROZEN_TIED_CAP = 1e-5
 ACCUMULATION_CAP = 0.002
 NAIVE = "naive"
 BUCKETED = tuple(f"bucketed (bucket_cap_mb={cap:g})" for cap in BUCKET_CAPS)
 ACCUMULATION = f"accumulation (bucket_cap_mb={ACCUMULATION_CAP:g})"
 # A model with a frozen first layer and a weight tied between two layers; one parameter per bucket.
-FROZEN_TIED = ("naive (frozen + tied)", f"bucketed (frozen + tied, bucket_cap_mb={BUCKET_CAPS[0]:g})")
-CAP_OF = dict(zip(BUCKETED, BUCKET_CAPS), **{ACCUMULATION: ACCUMULATION_CAP, FROZEN_TIED[1]: BUCKET_CAPS[0]})
+FROZEN_TIED = ("naive (frozen + tied)", f"bucketed (frozen + tied, bucket_cap_mb={FROZEN_TIED_CAP:g})")
+CAP_OF = dict(zip(BUCKETED, BUCKET_CAPS), **{ACCUMULATION: ACCUMULATION_CAP, FROZEN_TIED[1]: FROZEN_TIED_CAP})
 
 
 def _job(submission, world):
@@ -119,7 +120,7 @@ def check_naive_matches_single_process(submission):
 
 @pytest.mark.points(3)
 def check_bucketed_matches_single_process(submission):
-    """BucketedDDP: parameters after 3 steps equal single-process training (bucket caps 1e-5, 0.002, 25 MiB)"""
+    """BucketedDDP: parameters after 3 steps equal single-process training (bucket caps 32 bytes, 0.002 MiB, 25 MiB)"""
     _expect_single_process(submission, BUCKETED,
                            " Does every bucket (the last, partial one too) get all-reduced, averaged over the "
                            "world size and copied back into each param.grad before the step?")

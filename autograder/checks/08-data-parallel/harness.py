@@ -62,11 +62,13 @@ ACCUMULATION = 3  # micro-batches per step in the accumulation case
 LR, MOMENTUM = 0.05, 0.9
 # A correct job of 4 processes takes ~5 s on 2 idle cores, 3x that on busy ones; this is for deadlocks.
 JOB_TIMEOUT_S = 40
-# bucket caps in MiB: one parameter per bucket; two buckets, the last one partial; one partial bucket for all
-BUCKET_CAPS = (1e-5, 0.002, 25.0)
+# bucket caps in MiB: 32 bytes, exactly the smallest parameter (a bucket that reaches the cap closes, so one
+# parameter per bucket); two buckets, the last one partial; one partial bucket for all
+BUCKET_CAPS = (2**-15, 0.002, 25.0)
 FROZEN_TIED = "frozen + tied"  # the model with a frozen layer and a weight shared by two layers
+FROZEN_TIED_CAP = 1e-5  # 10.5 bytes: one parameter per bucket
 CASES = (("naive", None), *(("bucketed", cap) for cap in BUCKET_CAPS), ("accumulation", 0.002),
-         ("naive", None, FROZEN_TIED), ("bucketed", BUCKET_CAPS[0], FROZEN_TIED))
+         ("naive", None, FROZEN_TIED), ("bucketed", FROZEN_TIED_CAP, FROZEN_TIED))
 RECORDED = ("all_reduce", "all_reduce_coalesced", "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor",
             "all_gather", "all_gather_single", "all_gather_into_tensor", "broadcast", "reduce", "all_to_all",
             "all_to_all_single", "gather", "scatter", "barrier")

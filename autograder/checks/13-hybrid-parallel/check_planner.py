@@ -119,6 +119,8 @@ SEARCHES = (
     + [(f"two speeds, {b:.3g} B", gpt(layers=6, hidden=2048, heads=16), TWO_SPEEDS, b, SMALL)
        for b in (1e9, 1.69e9, 2.87e9, 4e10)]
     + [("nothing fits", gpt(), NODE, 2e9, SMALL)]
+    # the smallest cluster and one sequence a step (one microbatch); the device's own 80 GB binds, not the budget
+    + [("1 device, a batch of 1, 1e12 B", gpt(layers=6, seq=8192, batch=1), ONE, 1e12, SMALL)]
     + [("32 devices, 8 layers", gpt(layers=8, seq=2048, batch=32), cluster(A100, A100, A100, A100), 6e9, LARGE),
        ("64 devices, 32 layers", gpt(layers=32, hidden=8192, heads=64, batch=64), cluster(*[A100] * 8), 4e10, LARGE)])
 SEARCH_BY_NAME = {case[0]: case for case in SEARCHES}
@@ -272,7 +274,8 @@ def _expect_best(submission, names, within=REL):
         problem = oracles.problem_with(got, model, where)
         assert problem is None, f"search on '{name}' returned an invalid plan: {problem}"
         assert oracles.fits(got, model, where, budget), (
-            f"search on '{name}' returned a plan that does not fit in {budget:.4g} bytes per device: {got}")
+            f"search on '{name}' returned a plan that does not fit in {budget:.4g} bytes per device, and in "
+            f"no more than each device's own memory: {got}")
         best_time, best = oracles.best_plan(model, where, budget)
         time = oracles.cost(got, model, where)["time"]
         assert time <= best_time * (1 + within), (
@@ -301,6 +304,12 @@ def check_search_chooses_a_strategy_per_layer(submission):
 def check_search_with_two_device_speeds(submission):
     """A fast and a slow node (3e14 and 1e14 flop/s, 80 and 40 GB): the oracle's best, fitting each device"""
     _expect_best(submission, [n for n in SEARCH_BY_NAME if n.startswith("two speeds")])
+
+
+@pytest.mark.points(1)
+def check_search_on_one_device(submission):
+    """1 device, a batch of 1, a budget above the device's 80 GB: the oracle's best, fitting the device's own memory"""
+    _expect_best(submission, ["1 device, a batch of 1, 1e12 B"])
 
 
 @pytest.mark.points(1)
