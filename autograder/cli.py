@@ -20,9 +20,16 @@ def write_results(path: str, text: str) -> None:
     """Write the report whole or not at all: a temporary file beside it, then a rename.
     It runs after every call into the submission has ended with all its processes,
     and no sandboxed process can reach this folder, so nothing rewrites it later."""
+    import stat
     import tempfile
 
     target = Path(path)
+    if target.exists() and not stat.S_ISREG(target.stat().st_mode):
+        # /dev/null, /dev/stdout, a pipe: written to, never replaced (a rename as
+        # root would put a plain file where /dev/null was).
+        with open(target, "w") as f:
+            f.write(text)
+        return
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
