@@ -87,8 +87,8 @@ def simulate(schedule, t_f, t_b, t_comm=0):
     and its dependencies are done. Returns a dict::
 
         {"timeline": [(device, kind, microbatch, stage, start, end), ...],
-         "makespan": the time the last op ends (the first starts at 0),
-         "bubble": idle time / (p * makespan),
+         "makespan": the time the last op ends (the first starts at 0; 0 if none),
+         "bubble": idle time / (p * makespan) (0 when there is no op),
          "peak_in_flight": [per device: the most (microbatch, stage) pairs
                             whose F has run but whose B has not, at any time]}
 

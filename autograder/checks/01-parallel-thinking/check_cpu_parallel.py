@@ -78,7 +78,8 @@ def check_loop_runs_in_parallel(submission, name):
     args = {"parallel_saxpy": (2.0, x, x), "parallel_sum": (x,), "parallel_histogram": (x, 10, 0.0, 1000.0)}[name]
     loops = submission.harness("parallel_loops", name, *args)
     assert loops != -1, f"{name} is not compiled with @njit(parallel=True)"
-    assert loops >= 1, f"numba found no parallel loop in {name}: use prange for the loop that splits the work"
+    assert loops >= 1, (f"numba found no parallel prange loop in {name}: use prange for the loop that splits the "
+                        "work (parallel=True alone parallelises only whole-array NumPy)")
 
 
 @pytest.mark.points(1)

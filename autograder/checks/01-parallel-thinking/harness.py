@@ -14,8 +14,11 @@ def call_repeatedly(name, times, *args):
 
 
 def parallel_loops(name, *args):
-    """How many parallel loops numba made of the function (0: it runs serially).
+    """How many of the function's ``prange`` loops numba made parallel (0: none).
 
+    Only loops written with ``prange`` count: under ``parallel=True`` numba also
+    parallelises whole-array NumPy (``np.zeros``, ``a.sum(axis=0)``), which a
+    function with every loop a plain ``range`` still has.
     Returns -1 when the function is not compiled with ``@njit(parallel=True)``.
     """
     fn = _function(name)
@@ -23,7 +26,10 @@ def parallel_loops(name, *args):
     if not getattr(fn, "targetoptions", {}).get("parallel"):
         return -1
     diagnostics = fn.get_metadata(fn.signatures[-1]).get("parfor_diagnostics")
-    return len(diagnostics.initial_parfors) if diagnostics is not None else 0
+    if diagnostics is None:
+        return 0
+    return sum(1 for parfor in diagnostics.initial_parfors
+               if any(isinstance(pattern, tuple) and pattern and pattern[0] == "prange" for pattern in parfor.patterns))
 
 
 def races(name, *args):

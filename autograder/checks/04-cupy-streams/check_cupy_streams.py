@@ -127,9 +127,9 @@ def _pipeline(submission, chunks, n_streams, function="affine", costs=None):
 @pytest.mark.points(2)
 @pytest.mark.parametrize("function", ["affine", "row_sums"], ids=["same shape", "row sums"])
 def check_pipeline_results(submission, function):
-    """pipelined_apply returns f of every chunk, in order (chunks of unequal size)"""
-    chunks = _chunks([32, 32, 17, 32, 1, 32, 9])
-    for n_streams in (2, 3):
+    """pipelined_apply returns f of every chunk, in order (chunks of unequal size; one chunk on one stream)"""
+    unequal = _chunks([32, 32, 17, 32, 1, 32, 9])
+    for n_streams, chunks in ((2, unequal), (3, unequal), (1, unequal[2:3])):  # and the smallest pipeline
         run = _pipeline(submission, chunks, n_streams, function)
         got = run["results"]
         assert len(got) == len(chunks), f"{len(chunks)} chunks in, {len(got)} results out"
@@ -247,13 +247,17 @@ ROOFLINE_CASES = [  # (name, flops, bytes, device, attainable, bound), worked by
     ("I = 20 on H200", 20e9, 1e9, H200, 67e12, "compute-bound"),
     ("I = 5, ridge 10", 5e9, 1e9, SMALL, 5e12, "memory-bound"),
     ("I = 12, ridge 10", 12e9, 1e9, SMALL, 10e12, "compute-bound"),
+    ("I = 10.5, ridge 10", 10.5e9, 1e9, SMALL, 10e12, "compute-bound"),
+    ("I = 2.5, ridge 10", 5e9, 2e9, SMALL, 2.5e12, "memory-bound"),
+    ("I = ridge = 10", 10e9, 1e9, SMALL, 10e12, "compute-bound"),  # at the ridge: compute-bound
 ]
 
 
 @pytest.mark.points(1)
 def check_arithmetic_intensity(submission):
     """arithmetic_intensity is flops per byte"""
-    for flops, nbytes, want in [(2e6, 12e6, 1 / 6), (2 * 4096**3, 3 * 4 * 4096**2, 4096 / 6), (7, 2, 3.5)]:
+    for flops, nbytes, want in [(2e6, 12e6, 1 / 6), (2 * 4096**3, 3 * 4 * 4096**2, 4096 / 6), (7, 2, 3.5),
+                                (2.5, 0.5, 5.0), (1, 3, 1 / 3)]:
         got = submission.call("cupy_streams.arithmetic_intensity", flops, nbytes)
         expect_close(got, want, f"arithmetic_intensity({flops:g}, {nbytes:g})", rel=1e-9)
 
@@ -267,7 +271,7 @@ def _roofline(submission, name, flops, nbytes, device):
 
 @pytest.mark.points(2)
 def check_roofline_classifies(submission):
-    """roofline says memory-bound left of the ridge point and compute-bound right of it"""
+    """roofline says memory-bound left of the ridge point, compute-bound on and right of it"""
     for name, flops, nbytes, device, _, bound in ROOFLINE_CASES:
         _, got = _roofline(submission, name, flops, nbytes, device)
         ridge = device[0] / device[1]

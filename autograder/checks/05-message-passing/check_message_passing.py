@@ -234,11 +234,15 @@ SIZES = np.unique(np.logspace(0, 7, 29).astype(np.int64))
 
 @pytest.mark.points(1)
 def check_fit_alpha_beta_exact(submission):
-    """fit_alpha_beta recovers alpha and beta from noise-free times t = alpha + beta * n"""
-    got = submission.call("heat_mpi.fit_alpha_beta", SIZES.astype(float), ALPHA + BETA * SIZES)
-    assert isinstance(got, (tuple, list)) and len(got) == 2, f"expected (alpha, beta), got {got!r}"
-    expect_close(got[0], ALPHA, "alpha (latency, s)", rel=1e-6)
-    expect_close(got[1], BETA, "beta (s per byte)", rel=1e-6)
+    """fit_alpha_beta recovers alpha and beta from noise-free times t = alpha + beta * n (also two fractional sizes)"""
+    # 29 sizes from 1 B to 10 MB; then the smallest fit, two points, at sizes that are not whole
+    # numbers (KiB, say): the line through them, exactly.
+    for sizes, alpha, beta in [(SIZES.astype(float), ALPHA, BETA), (np.array([0.5, 2.75]), 1.5, 0.25)]:
+        got = submission.call("heat_mpi.fit_alpha_beta", sizes, alpha + beta * sizes)
+        assert isinstance(got, (tuple, list)) and len(got) == 2, f"expected (alpha, beta), got {got!r}"
+        where = f" from {len(sizes)} sizes {sizes.min():g} to {sizes.max():g}"
+        expect_close(got[0], alpha, "alpha (latency, s)" + where, rel=1e-6)
+        expect_close(got[1], beta, "beta (s per byte)" + where, rel=1e-6)
 
 
 @pytest.mark.points(1)

@@ -10,8 +10,9 @@ chain of communication steps (``rounds``) is the α term of each cost.
 
 p in {2, 3, 4, 5, 8}, oversubscribed on however many cores there are; sizes
 below p, not divisible by p, and one (1001) large enough for the cost checks.
-Every algorithm runs in one MPI job per p (see the harness), cached for the
-whole grading run. Both tiers grade the same way: this lab has no GPU part.
+Every algorithm the selected checks read runs in one MPI job per p (see the
+harness), cached for the whole grading run. Both tiers grade the same way:
+this lab has no GPU part.
 """
 import math
 
@@ -25,18 +26,30 @@ PS = (2, 3, 4, 5, 8)
 POWERS_OF_TWO, OTHER_PS = (2, 4, 8), (3, 5)
 COST_N = 1001  # the case cost checks read (n elements; for allgather and all-to-all, m = 250)
 COST_M = 250
+ALGORITHMS = ("bcast_binomial", "reduce_binomial", "allreduce_ring", "allreduce_recursive_doubling",
+              "allgather_ring", "reduce_scatter_ring", "alltoall_pairwise")
 
 
-def _job(submission, p):
-    """Every algorithm's outcome on p ranks, computed once per grading run."""
-    return submission.harness_once(("collective_job", p), "collective_job", p)
+def _selected(request):
+    """The algorithms this grading run's checks read (all of them unless ``-k`` narrowed the run):
+    the job runs only those, so a run of the bcast checks does not pay for the rings."""
+    names = {item.name.split("[")[0].removeprefix("check_").removesuffix("_results").removesuffix("_cost")
+             for item in request.session.items}
+    return tuple(name for name in ALGORITHMS if name in names)
 
 
-def _cases(submission, name, ps=PS):
+def _job(submission, p, names):
+    """The outcome of every algorithm in ``names`` on p ranks, computed once per grading run."""
+    return submission.harness_once(("collective_job", p, names), "collective_job", p, names)
+
+
+def _cases(submission, request, name, ps=PS):
     """{p: the algorithm's cases}, or the error that says why it has none."""
     found = {}
+    names = _selected(request)
+    names = names if name in names else ALGORITHMS  # a check this file does not name as above: run them all
     for p in ps:
-        outcome = _job(submission, p)[name]
+        outcome = _job(submission, p, names)[name]
         status, message = outcome["status"], outcome.get("message", "")
         if status == "ok":
             found[p] = outcome["cases"]
@@ -48,8 +61,8 @@ def _cases(submission, name, ps=PS):
     return found
 
 
-def _expect_results(submission, name, ps=PS):
-    for p, cases in _cases(submission, name, ps).items():
+def _expect_results(submission, request, name, ps=PS):
+    for p, cases in _cases(submission, request, name, ps).items():
         for case in cases:
             if case["mismatches"]:
                 where = f"n={case['n']}" + (f", root={case['root']}" if name.endswith("binomial") else "")
@@ -87,54 +100,54 @@ def check_chunk_bounds(submission):
 # --- results: equal to MPI's own collective -------------------------------------------
 
 @pytest.mark.points(2)
-def check_bcast_binomial_results(submission):
+def check_bcast_binomial_results(submission, request):
     """bcast_binomial equals MPI's Bcast (p = 2, 3, 4, 5, 8; roots 0, p-1 and p//2)"""
-    _expect_results(submission, "bcast_binomial")
+    _expect_results(submission, request, "bcast_binomial")
 
 
 @pytest.mark.points(2)
-def check_reduce_binomial_results(submission):
+def check_reduce_binomial_results(submission, request):
     """reduce_binomial equals MPI's Reduce (sum) on the root, None elsewhere"""
-    _expect_results(submission, "reduce_binomial")
+    _expect_results(submission, request, "reduce_binomial")
 
 
 @pytest.mark.points(2)
-def check_allreduce_ring_results(submission):
+def check_allreduce_ring_results(submission, request):
     """allreduce_ring equals MPI's Allreduce (sum), sizes not divisible by p and n < p"""
-    _expect_results(submission, "allreduce_ring")
+    _expect_results(submission, request, "allreduce_ring")
 
 
 @pytest.mark.points(2)
 @pytest.mark.parametrize("ps", [POWERS_OF_TWO, OTHER_PS], ids=["p = 2, 4, 8", "p = 3, 5"])
-def check_allreduce_recursive_doubling_results(submission, ps):
+def check_allreduce_recursive_doubling_results(submission, request, ps):
     """allreduce_recursive_doubling equals MPI's Allreduce (sum)"""
-    _expect_results(submission, "allreduce_recursive_doubling", ps)
+    _expect_results(submission, request, "allreduce_recursive_doubling", ps)
 
 
 @pytest.mark.points(2)
-def check_allgather_ring_results(submission):
+def check_allgather_ring_results(submission, request):
     """allgather_ring equals MPI's Allgather"""
-    _expect_results(submission, "allgather_ring")
+    _expect_results(submission, request, "allgather_ring")
 
 
 @pytest.mark.points(2)
-def check_reduce_scatter_ring_results(submission):
+def check_reduce_scatter_ring_results(submission, request):
     """reduce_scatter_ring equals MPI's Reduce_scatter with counts from np.array_split"""
-    _expect_results(submission, "reduce_scatter_ring")
+    _expect_results(submission, request, "reduce_scatter_ring")
 
 
 @pytest.mark.points(2)
-def check_alltoall_pairwise_results(submission):
+def check_alltoall_pairwise_results(submission, request):
     """alltoall_pairwise equals MPI's Alltoall"""
-    _expect_results(submission, "alltoall_pairwise")
+    _expect_results(submission, request, "alltoall_pairwise")
 
 
 # --- costs: what the audit recorded ------------------------------------------------------
 
 @pytest.mark.points(1)
-def check_bcast_binomial_cost(submission):
+def check_bcast_binomial_cost(submission, request):
     """bcast_binomial: ceil(log2 p) rounds, p - 1 messages, every other rank receives once"""
-    for p, cases in _cases(submission, "bcast_binomial").items():
+    for p, cases in _cases(submission, request, "bcast_binomial").items():
         for root in (0, p - 1):
             case = _cost_case(cases, COST_N, root)
             sent = sum(t["messages_sent"] for t in case["totals"])
@@ -150,9 +163,9 @@ def check_bcast_binomial_cost(submission):
 
 
 @pytest.mark.points(1)
-def check_reduce_binomial_cost(submission):
+def check_reduce_binomial_cost(submission, request):
     """reduce_binomial: every other rank sends once; no rank receives more than ceil(log2 p) messages"""
-    for p, cases in _cases(submission, "reduce_binomial").items():
+    for p, cases in _cases(submission, request, "reduce_binomial").items():
         for root in (0, p - 1):
             case = _cost_case(cases, COST_N, root)
             sent = [t["messages_sent"] for t in case["totals"]]
@@ -166,9 +179,9 @@ def check_reduce_binomial_cost(submission):
 
 
 @pytest.mark.points(2)
-def check_allreduce_ring_cost(submission, metrics):
+def check_allreduce_ring_cost(submission, request, metrics):
     """allreduce_ring: 2(p-1) messages and 2(p-1)/p * n elements sent per rank, 2(p-1) rounds"""
-    for p, cases in _cases(submission, "allreduce_ring").items():
+    for p, cases in _cases(submission, request, "allreduce_ring").items():
         case = _cost_case(cases, COST_N)
         messages = [t["messages_sent"] for t in case["totals"]]
         elements = [t["elements_sent"] for t in case["totals"]]
@@ -185,9 +198,9 @@ def check_allreduce_ring_cost(submission, metrics):
 
 
 @pytest.mark.points(1)
-def check_allreduce_recursive_doubling_cost(submission):
+def check_allreduce_recursive_doubling_cost(submission, request):
     """allreduce_recursive_doubling: log2 p rounds of whole vectors (+2 for the fold when p is not a power of two)"""
-    for p, cases in _cases(submission, "allreduce_recursive_doubling").items():
+    for p, cases in _cases(submission, request, "allreduce_recursive_doubling").items():
         case = _cost_case(cases, COST_N)
         q = 1 << (p.bit_length() - 1)
         want_rounds = int(math.log2(q)) + (0 if q == p else 2)
@@ -204,25 +217,26 @@ def check_allreduce_recursive_doubling_cost(submission):
 
 
 @pytest.mark.points(1)
-def check_allgather_ring_cost(submission):
+def check_allgather_ring_cost(submission, request):
     """allgather_ring: p - 1 messages of m elements from every rank, p - 1 rounds"""
-    _ring_cost(submission, "allgather_ring", COST_M, lambda p: (p - 1) * COST_M, exact=True)
+    _ring_cost(submission, request, "allgather_ring", COST_M, lambda p: (p - 1) * COST_M, exact=True)
 
 
 @pytest.mark.points(1)
-def check_reduce_scatter_ring_cost(submission):
+def check_reduce_scatter_ring_cost(submission, request):
     """reduce_scatter_ring: p - 1 messages and about (p-1)/p * n elements from every rank, p - 1 rounds"""
-    _ring_cost(submission, "reduce_scatter_ring", COST_N, lambda p: (p - 1) / p * COST_N, exact=False)
+    _ring_cost(submission, request, "reduce_scatter_ring", COST_N, lambda p: (p - 1) / p * COST_N, exact=False)
 
 
 @pytest.mark.points(1)
-def check_alltoall_pairwise_cost(submission):
+def check_alltoall_pairwise_cost(submission, request):
     """alltoall_pairwise: p - 1 messages of one block from every rank"""
-    _ring_cost(submission, "alltoall_pairwise", COST_M, lambda p: (p - 1) * COST_M, exact=True, check_rounds=False)
+    _ring_cost(submission, request, "alltoall_pairwise", COST_M, lambda p: (p - 1) * COST_M, exact=True,
+               check_rounds=False)
 
 
-def _ring_cost(submission, name, n, ideal_elements, exact, check_rounds=True):
-    for p, cases in _cases(submission, name).items():
+def _ring_cost(submission, request, name, n, ideal_elements, exact, check_rounds=True):
+    for p, cases in _cases(submission, request, name).items():
         case = _cost_case(cases, n)
         messages = [t["messages_sent"] for t in case["totals"]]
         elements = [t["elements_sent"] for t in case["totals"]]

@@ -13,7 +13,8 @@ Oracles:
   LayerNorms after ``allreduce_sequence_parallel_grads``) must equal the dense
   ones sliced the same way, to 1e-9 relative.
 - Communication: the harness wraps torch.distributed's collectives and counts
-  the calls in a transformer layer's forward and backward: 2 all-reduces of
+  the calls: one of the documented kind in each conjugate operator's forward
+  or backward, and in a transformer layer's forward and backward: 2 all-reduces of
   s*b*h elements each way (tensor parallel); 2 all-gathers and 2
   reduce-scatters of s*b*h each way and no all-reduce (sequence parallel).
 - Memory: no tensor the modules hold or autograd saves for backward is as
@@ -66,34 +67,58 @@ def _expect_dense(submission, name, what, hint="", grad_hint=""):
 
 # --- 1. the conjugate operators --------------------------------------------------------------
 
+# The operators' inputs (harness._operator_case): [4, 3, 5] for f and g (60 elements); the sequence
+# ones move [2t, 3, 5] whole (30t elements: the gathered output, the reduce-scattered input).
+def _op_collectives(name, t):
+    """(forward, backward) collectives {"kind of elements": calls} the operator makes on ``t`` ranks."""
+    seq = 30 * t
+    return {"op_f": ({}, {"all-reduce of 60": 1}), "op_g": ({"all-reduce of 60": 1}, {}),
+            "op_gather": ({f"all-gather of {seq}": 1}, {f"reduce-scatter of {seq}": 1}),
+            "op_reduce_scatter": ({f"reduce-scatter of {seq}": 1}, {f"all-gather of {seq}": 1})}[name]
+
+
+def _expect_operator(submission, name, what, hint):
+    """Values first (``_expect_dense``), then one collective of the documented kind each way."""
+    _expect_dense(submission, name, what, hint)
+    for t, case in _case(submission, name).items():
+        for rank, record in enumerate(case["ranks"]):
+            for phase, expected in zip(("forward", "backward"), _op_collectives(name, t)):
+                got = record[phase]
+                assert got == expected, (
+                    f"{what} on {t} ranks, rank {rank}, {phase}: collectives {got or 'none'}, expected "
+                    f"{expected or 'none'} (elements of the whole tensor); the values are right, but {what} "
+                    "makes the collective its docstring names, once (dist.all_reduce, dist.all_gather_single, "
+                    "dist.reduce_scatter_single)")
+
+
 @pytest.mark.points(1)
 def check_copy_to_tensor_parallel_region(submission):
     """f: forward returns the input unchanged; backward sums every rank's gradient (all-reduce)"""
-    _expect_dense(submission, "op_f", "copy_to_tensor_parallel_region (f)",
-                  "; f's backward all-reduces: each rank's input feeds every rank's partial results")
+    _expect_operator(submission, "op_f", "copy_to_tensor_parallel_region (f)",
+                     "; f's backward all-reduces: each rank's input feeds every rank's partial results")
 
 
 @pytest.mark.points(1)
 def check_reduce_from_tensor_parallel_region(submission):
     """g: forward sums every rank's input (all-reduce); backward passes the gradient through"""
-    _expect_dense(submission, "op_g", "reduce_from_tensor_parallel_region (g)",
-                  "; g's forward all-reduces and its backward is the identity")
+    _expect_operator(submission, "op_g", "reduce_from_tensor_parallel_region (g)",
+                     "; g's forward all-reduces and its backward is the identity")
 
 
 @pytest.mark.points(1)
 def check_gather_from_sequence_parallel_region(submission):
     """Sequence all-gather: forward concatenates the ranks' shards along dim 0; backward reduce-scatters"""
-    _expect_dense(submission, "op_gather", "gather_from_sequence_parallel_region",
-                  "; forward: rank r's shard is rows r*s/t .. of the output; backward: this rank's rows of "
-                  "the sum over ranks of the gradients")
+    _expect_operator(submission, "op_gather", "gather_from_sequence_parallel_region",
+                     "; forward: rank r's shard is rows r*s/t .. of the output; backward: this rank's rows of "
+                     "the sum over ranks of the gradients")
 
 
 @pytest.mark.points(1)
 def check_reduce_scatter_to_sequence_parallel_region(submission):
     """Sequence reduce-scatter: forward keeps this rank's rows of the sum over ranks; backward all-gathers"""
-    _expect_dense(submission, "op_reduce_scatter", "reduce_scatter_to_sequence_parallel_region",
-                  "; forward: rows r*s/t .. of the sum over ranks; backward: every rank's gradient shard, "
-                  "concatenated along dim 0")
+    _expect_operator(submission, "op_reduce_scatter", "reduce_scatter_to_sequence_parallel_region",
+                     "; forward: rows r*s/t .. of the sum over ranks; backward: every rank's gradient shard, "
+                     "concatenated along dim 0")
 
 
 # --- 2. column- and row-parallel linear layers ------------------------------------------------

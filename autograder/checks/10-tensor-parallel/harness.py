@@ -272,7 +272,8 @@ def _np(tensor):
 
 def _operator_case(student, name, rank, t, log):
     """Forward and backward of one conjugate operator against the math, with every
-    rank's input and upstream gradient known to every rank (seeded by rank)."""
+    rank's input and upstream gradient known to every rank (seeded by rank), and
+    the collectives each pass made."""
     import torch
 
     rows = 2
@@ -300,7 +301,8 @@ def _operator_case(student, name, rank, t, log):
         arrays["gradient of the input"] = (_np(x.grad), _np(want_grad))
     else:
         arrays["gradient of the input"] = (None, _np(want_grad))
-    return {"arrays": arrays, "function": function}
+    return {"arrays": arrays, "function": function,
+            "forward": tally(log.calls, "forward"), "backward": tally(log.calls, "backward")}
 
 
 def _causal_mask(s):

@@ -104,7 +104,7 @@ def simulate(schedule, t_f, t_b, t_comm=0, stages=None):
     An op starts when the previous op of its device and its dependencies have ended
     (plus ``t_comm`` for a dependency on another device): a longest path, memoised."""
     p = len(schedule)
-    stages = stages or max(op[2] for ops in schedule for op in ops) + 1
+    stages = stages or max((op[2] for ops in schedule for op in ops), default=-1) + 1
     device_of, previous = {}, {}
     for d, ops in enumerate(schedule):
         for i, op in enumerate(ops):
@@ -125,7 +125,7 @@ def simulate(schedule, t_f, t_b, t_comm=0, stages=None):
         return end[op]
 
     timing = {op: (device_of[op], finish(op) - (t_f if op[0] == "F" else t_b), finish(op)) for op in device_of}
-    makespan = max(e for _, _, e in timing.values())
+    makespan = max((e for _, _, e in timing.values()), default=0)
     busy = sum(e - s for _, s, e in timing.values())
     peaks = []
     for ops in schedule:  # one op at a time per device: the count changes only between ops
@@ -134,7 +134,8 @@ def simulate(schedule, t_f, t_b, t_comm=0, stages=None):
             held += 1 if op[0] == "F" else -1
             peak = max(peak, held)
         peaks.append(peak)
-    return {"timing": timing, "makespan": makespan, "bubble": 1 - busy / (p * makespan), "peak_in_flight": peaks}
+    bubble = 1 - busy / (p * makespan) if makespan else 0  # an empty schedule: nothing runs, nobody waits
+    return {"timing": timing, "makespan": makespan, "bubble": bubble, "peak_in_flight": peaks}
 
 
 def make_schedule(p, m, kind, v=1):
@@ -197,15 +198,19 @@ def brute_force_partition(costs, p, speeds=None):
 
 # --- the queries, one sandboxed call for all ------------------------------------------------
 
-BLOCKING = [(4, 4), (2, 1), (2, 5), (3, 2), (4, 7), (3, 9), (5, 3), (1, 3)]  # (p, m): m < p, m % p != 0, ...
-INTERLEAVED = [(2, 2, 2), (2, 4, 3), (4, 4, 2), (4, 8, 2), (3, 6, 3), (3, 3, 2)]  # (p, m, v), m % p == 0
-TIMES = [(1, 2), (1, 1), (3, 1), (2, 5)]
+# (p, m): m < p, m % p != 0, one stage (p = 1), one microbatch (m = 1) and both
+BLOCKING = [(4, 4), (2, 1), (2, 5), (3, 2), (4, 7), (3, 9), (5, 3), (1, 3), (1, 1)]
+INTERLEAVED = [(2, 2, 2), (2, 4, 3), (4, 4, 2), (4, 8, 2), (3, 6, 3), (3, 3, 2), (1, 2, 2)]  # (p, m, v), m % p == 0
+TIMES = [(1, 2), (1, 1), (3, 1), (2, 5), (0.4, 1.3)]  # integers and fractions (a clock in whole steps is wrong)
 RANDOM_SCHEDULES = 10
 DEADLOCKED = [
     [[("F", 0, 0), ("B", 0, 0)], [("B", 0, 1), ("F", 0, 1)]],  # device 1 runs B before the F it needs
     [[("F", 0, 0), ("B", 1, 0), ("F", 1, 0), ("B", 0, 0)], [("F", 0, 1), ("B", 0, 1), ("F", 1, 1), ("B", 1, 1)]],
 ]
 SCHEDULE_ERRORS = [(4, 6, "interleaved", 2), (2, 4, "gpipe", 2), (2, 4, "1f1b", 3)]  # must raise ValueError
+# The smallest schedules next to the random ones: nothing to run (makespan 0, bubble 0), and one
+# microbatch on one device with fractional times.
+SMALLEST_SCHEDULES = [([[], []], 1, 2, 0.5), ([[("F", 0, 0), ("B", 0, 0)]], 0.4, 1.3, 0.25)]
 
 
 def _random_cases():
@@ -215,12 +220,16 @@ def _random_cases():
         p, v, m = rng.randint(1, 4), rng.choice([1, 1, 2, 3]), rng.randint(1, 5)
         cases.append((random_schedule(rng, p, m, v), rng.choice([1, 0.5, 2]), rng.choice([1, 1.5, 2, 3]),
                       [0, 0.25, 1, 0.5][i % 4]))
-    return cases
+    return cases + SMALLEST_SCHEDULES
 
 
 def _partition_cases():
     rng = random.Random(1112)
-    plain, speeds = [([1, 1, 1, 1], 2, None), ([5, 1, 1, 1, 1, 1], 3, None), ([2, 3], 2, None), ([4.5], 1, None)], []
+    # a layer per stage, one stage, and fractions whose floors tie two cuts: 0.6 | 0.6 + 0.9 takes 1.5,
+    # 0.6 + 0.6 | 0.9 takes 1.2 (the best), and both floor to 1
+    plain = [([1, 1, 1, 1], 2, None), ([5, 1, 1, 1, 1, 1], 3, None), ([2, 3], 2, None), ([4.5], 1, None),
+             ([0.6, 0.6, 0.9], 2, None)]
+    speeds = []
     for _ in range(14):
         n = rng.randint(2, 8)
         p = rng.randint(1, min(n, 4))
@@ -374,12 +383,20 @@ def check_simulate_reproduces_closed_forms(submission):
 
 @pytest.mark.points(2)
 def check_simulate_matches_the_check_on_random_schedules(submission):
-    """simulate's timeline, makespan, bubble, peak in flight agree with the check's on random schedules, t_comm > 0"""
+    """simulate's timeline, makespan, bubble, peak in flight equal the check's on random (t_comm > 0) and empty schedules"""
     for schedule, t_f, t_b, t_comm in _random_cases():
+        p = len(schedule)
+        if (schedule, t_f, t_b, t_comm) in SMALLEST_SCHEDULES:
+            what = f"simulate({schedule}, t_f={t_f}, t_b={t_b}, t_comm={t_comm})"
+            answer = _answers(submission, "simulate")[_position("simulate")[repr((schedule, t_f, t_b, t_comm))]]
+            if isinstance(answer, dict) and "error" in answer:
+                raise AssertionError(f"{what} raised {answer['error']}; a schedule with no op takes 0, and its "
+                                     "bubble is 0 (nothing runs, so no device waits)" if not any(schedule) else
+                                     f"{what} raised {answer['error']}")
+        else:
+            what = f"simulate(a random valid schedule on {p} devices, t_f={t_f}, t_b={t_b}, t_comm={t_comm})"
         got = _simulated(submission, schedule, t_f, t_b, t_comm)
         want = simulate(schedule, t_f, t_b, t_comm)
-        p = len(schedule)
-        what = f"simulate(a random valid schedule on {p} devices, t_f={t_f}, t_b={t_b}, t_comm={t_comm})"
         timeline = got["timeline"]
         if not isinstance(timeline, list) or not all(isinstance(e, (list, tuple)) and len(e) == 6 for e in timeline):
             raise AssertionError(f"{what}['timeline'] should be a list of (device, kind, microbatch, stage, start, "

@@ -3,9 +3,9 @@
 Every expected value comes from ``oracles.py``, in the grader's process: the
 cost model from its closed forms (module 07's activations and parameter count,
 the ZeRO table, the ring all-reduce, Alpa's pipeline time) and exhaustive
-search. All cost_model and search queries go to the student's code in one
-sandboxed call (harness.planner_answers); each search runs under its own time
-limit. Costs are compared to 1e-9 relative; a search is right when its plan is
+search. All cost_model queries go to the student's code in one sandboxed call
+(harness.planner_answers), all search queries in another; each search runs
+under its own time limit. Costs are compared to 1e-9 relative; a search is right when its plan is
 valid, fits, and takes the oracle's best time (to 1e-9; on the medium cluster
 within 2 %).
 
@@ -132,7 +132,10 @@ def _queries():
 
 
 def _answers(submission, kind):
-    got = submission.harness_once("planner", "planner_answers", _queries())[kind]
+    """The answers to every ``kind`` query ("cost_model" or "search"), in one sandboxed call per kind: grading
+    the cost model alone runs no search."""
+    queries = {"cost_model": [], "search": [], kind: _queries()[kind]}
+    got = submission.harness_once(("planner", kind), "planner_answers", queries)[kind]
     if isinstance(got, dict) and "not_implemented" in got:
         raise not_implemented_yet(got["not_implemented"])
     return got
