@@ -17,12 +17,12 @@ grade: $(INSTALLED)
 # pytest-xdist, one worker per core: notebooks one file per worker (their cells
 # run in order), then tests one by one (the docs-site tests share one build, and
 # a lab's buggy or alternative fixtures one grader process); the slowest 25
-# tests are listed at the end.
+# tests (and 10 slowest cells) are listed at the end of each run.
 # The notebooks go first: the docs site shows the lectures as nbval just ran them
 # (course/executed.py) instead of running them again.
 test: $(INSTALLED_DEV)
 	$(BIN)/k2c sync --check
-	$(BIN)/python -m pytest course/lectures solutions --nbval-lax --nbval-current-env -n auto --dist loadfile
+	$(BIN)/python -m pytest course/lectures solutions --nbval-lax --nbval-current-env -n auto --dist loadfile --durations=10
 	$(BIN)/python -m pytest tests -n auto --dist loadgroup --durations=25
 
 docs: $(INSTALLED_DEV)
