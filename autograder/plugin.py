@@ -26,6 +26,12 @@ class CheckResult:
     metrics: dict = field(default_factory=dict)  # numbers a check measured (bandwidths, ratios)
 
 
+def register_marks(config) -> None:
+    """The marks checks carry: ``points(n)`` and ``gpu``."""
+    config.addinivalue_line("markers", "points(n): what the check is worth")
+    config.addinivalue_line("markers", "gpu: needs the GPU tier (a CUDA device)")
+
+
 def check_title(item) -> str:
     """A check's title: the first line of its docstring, and its parameters' id."""
     doc = (getattr(item, "function", None) and item.function.__doc__) or ""
@@ -74,8 +80,7 @@ class GradingPlugin:
         return found
 
     def pytest_configure(self, config):
-        config.addinivalue_line("markers", "points(n): what the check is worth")
-        config.addinivalue_line("markers", "gpu: needs the GPU tier (a CUDA device)")
+        register_marks(config)
 
     def pytest_collection_modifyitems(self, items):
         for item in items:

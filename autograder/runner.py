@@ -14,7 +14,7 @@ import pytest
 
 from autograder import isolation
 from autograder.labs import Lab, UsageError, locate_submission, with_used_files
-from autograder.plugin import CheckResult, GradingPlugin, check_title
+from autograder.plugin import CheckResult, GradingPlugin, check_title, register_marks
 from autograder.sandbox import Limits
 from autograder.submission import Submission
 from course import refuse
@@ -101,9 +101,8 @@ def list_checks(lab: Lab, select: str | None = None) -> list[CheckInfo]:
         def __init__(self):
             self.found: list[CheckInfo] = []
 
-        def pytest_configure(self, config):  # the marks the grading plugin registers
-            config.addinivalue_line("markers", "points(n): what the check is worth")
-            config.addinivalue_line("markers", "gpu: needs the GPU tier (a CUDA device)")
+        def pytest_configure(self, config):
+            register_marks(config)
 
         def pytest_collection_finish(self, session):
             for item in session.items:
