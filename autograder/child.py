@@ -1,8 +1,24 @@
-"""The sandboxed side of a call into student code: ``python -m autograder.child``.
+"""The sandboxed side of the calls into student code: ``python -m autograder.child``.
 
-Reads one request from stdin, runs it, writes one reply to the file descriptor
-named in ``K2C_RESULT_FD`` and leaves with ``os._exit`` so that no atexit
-handler or stray thread of the student's can keep it alive. Everything the
+One such process serves every call of one sandbox (``autograder.sandbox.Sandbox``).
+It imports what the lab's calls need once (``K2C_PRELOAD``: torch, numba), then
+for each request the grader writes to its stdin it forks a child that
+
+- becomes the student's user (``autograder.reaper.drop_privileges``),
+- runs the request in a fresh folder of the scratch space, and
+- writes its reply into a pipe, then leaves with ``os._exit``, so that no atexit
+  handler or stray thread of the student's can keep it alive.
+
+When that child ends, the server kills every process it left (orphans come back
+to the server, a child subreaper), empties the scratch space, and only then
+sends the grader the child's exit status and its reply. It passes the reply
+on as bytes, unread: only the grader decodes it (``autograder.codec``).
+
+The student's processes cannot reach the server: under bubblewrap it stays
+root (with only CAP_SETUID, CAP_SETGID and CAP_KILL, to make the children and
+kill what they leave) while they run as ``nobody``, so they can neither signal
+nor trace it; they never hold its pipes to the grader; and it imports nothing
+from a folder they can write (it runs with ``python -P -s``). Everything the
 student prints goes to stdout/stderr, which the grader keeps only as feedback.
 """
 from __future__ import annotations
@@ -10,14 +26,22 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import select
+import struct
 import sys
 import tempfile
 import threading
 import traceback
 
 from autograder import codec
-from autograder.reaper import drop_privileges
+from autograder.reaper import PR_SET_CHILD_SUBREAPER, _prctl, drop_privileges, kill_and_reap_all
 from course import refuse
+
+# grader -> server: a length, then a request (codec); server -> grader: the child's
+# exit code (negative: the signal that ended it) and the length of its reply, then the reply.
+REQUEST = struct.Struct("<Q")
+REPLY = struct.Struct("<qQ")
+REPLY_LIMIT = 2**30  # bytes of a reply kept; a longer one arrives cut, and the grader finds it unreadable
 
 
 def _load(target: dict, submission: str):
@@ -61,32 +85,134 @@ def run(request: dict) -> dict:
                 "where": _where(exc.__traceback__, submission)}
 
 
-def main() -> None:
-    drop_privileges(os.environ.pop("K2C_RUN_AS", ""))  # before anything of the student's is read
-    result_fd = int(os.environ.pop("K2C_RESULT_FD"))
-    request = codec.decode(sys.stdin.buffer.read())
-    sys.stdin.close()
-    sys.stdin = open(os.devnull)
-    if request.get("simulator"):
-        # The CUDA simulator runs every CUDA thread of a block as a Python thread:
-        # switch between them often (much faster), and give them small stacks, or
-        # a few blocks of 256 threads (8 MiB of address space each) would reach
-        # the RLIMIT_AS the sandbox sets.
-        sys.setswitchinterval(1e-4)
-        threading.stack_size(2 * 2**20)
-    os.chdir(tempfile.mkdtemp(prefix="k2c-run-"))
-    refuse.install_from_env()  # what the lab asks students to build, refused before their code loads
-    reply = run(request)
+def _call(request: dict, reply_fd: int, server_fds: tuple[int, ...], run_as: str) -> None:
+    """The forked child: one call, as the student's user. Never returns."""
     try:
-        payload = codec.encode(reply)
-    except codec.CodecError as exc:
-        payload = codec.encode({"status": "raised", "type": "TypeError", "message": str(exc), "where": []})
-    with os.fdopen(result_fd, "wb") as out:
-        out.write(payload)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)  # the server's stdin carries the grader's next requests
+        for fd in server_fds:
+            os.close(fd)  # its pipe to the grader: the student's code must never hold it
+        sys.stdin = open(os.devnull)
+        drop_privileges(run_as)  # before anything of the student's is read
+        if request.get("simulator"):
+            # The CUDA simulator runs every CUDA thread of a block as a Python thread:
+            # switch between them often (much faster), and give them small stacks, or
+            # a few blocks of 256 threads (8 MiB of address space each) would reach
+            # the RLIMIT_AS the sandbox sets.
+            sys.setswitchinterval(1e-4)
+            threading.stack_size(2 * 2**20)
+        tempfile.tempdir = None  # found again, as the student's user: the server may have cached another
+        os.chdir(tempfile.mkdtemp(prefix="k2c-run-"))
+        reply = run(request)
+        try:
+            payload = codec.encode(reply)
+        except codec.CodecError as exc:
+            payload = codec.encode({"status": "raised", "type": "TypeError", "message": str(exc), "where": []})
+        with os.fdopen(reply_fd, "wb") as out:
+            out.write(payload)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:  # noqa: BLE001 - the grader's own failure: shown in the call's output
+        traceback.print_exc()
+        sys.stderr.flush()
+    finally:
+        os._exit(0)
+
+
+def _collect(pid: int, reply_fd: int) -> tuple[int, bytes]:
+    """Read the child's reply while it runs; (its exit code, the reply) once it has ended.
+    A process it left may hold the pipe open, so the end is the child's exit, not EOF."""
+    chunks, size, status = [], 0, None
+    while True:
+        if status is None:
+            done, wait_status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = os.waitstatus_to_exitcode(wait_status)
+                os.set_blocking(reply_fd, False)
+        try:
+            readable = select.select([reply_fd], [], [], 0.05 if status is None else 0)[0]
+            data = os.read(reply_fd, 1 << 20) if readable else b""
+        except BlockingIOError:
+            data = b""
+        if data and size < REPLY_LIMIT:
+            chunks.append(data[:REPLY_LIMIT - size])
+            size += len(chunks[-1])
+        if status is not None and not data:
+            os.close(reply_fd)
+            return status, b"".join(chunks)
+
+
+def _empty(folder: str) -> None:
+    """Remove everything in ``folder`` (as the user that wrote it)."""
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.chmod(path, 0o700)  # a folder its owner made unreadable
+                _empty(path)
+                os.rmdir(path)
+            else:
+                os.unlink(path)
+        except OSError:
+            pass
+
+
+def _empty_scratch(run_as: str, folders: list[str]) -> None:
+    """The next call starts with empty scratch folders, like the first."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            drop_privileges(run_as)
+            for folder in folders:
+                if os.path.isdir(folder):
+                    _empty(folder)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def _read_exactly(fd: int, n: int) -> bytes | None:
+    data = b""
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def serve() -> None:
+    result_fd = int(os.environ.pop("K2C_RESULT_FD"))
+    run_as = os.environ.pop("K2C_RUN_AS", "")
+    scratch = [f for f in os.environ.pop("K2C_SCRATCH", "").split(os.pathsep) if f]
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)  # what a call leaves behind comes back here to be killed
+    refuse.install_from_env()  # what the lab asks students to build, refused before anything loads
+    for name in filter(None, os.environ.pop("K2C_PRELOAD", "").split(",")):
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a call that needs it meets the same error itself
+            pass
+    os.chdir("/")
+    out = os.fdopen(result_fd, "wb", buffering=0)
+    out.write(REPLY.pack(0, 0))  # ready
+    while True:
+        header = _read_exactly(0, REQUEST.size)
+        if header is None:  # the grader closed the sandbox
+            os._exit(0)
+        request = codec.decode(_read_exactly(0, REQUEST.unpack(header)[0]) or b"")
+        reply_r, reply_w = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            os.close(reply_r)
+            _call(request, reply_w, (result_fd,), run_as)
+        os.close(reply_w)
+        code, reply = _collect(pid, reply_r)
+        kill_and_reap_all()
+        _empty_scratch(run_as, scratch)
+        out.write(REPLY.pack(code, len(reply)) + reply)
 
 
 if __name__ == "__main__":
-    main()
+    serve()

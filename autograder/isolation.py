@@ -104,18 +104,21 @@ class Isolation:
             for i in range(len(parts)):
                 args += ["--perms", "0755", "--dir", "/".join([hidden, *parts[:i + 1]])]
             args += ["--ro-bind", path, path]
-        # The child keeps only what it needs to become nobody, which has no capabilities at all.
+        # The server (autograder.child) keeps only what it needs to make each call's child
+        # nobody, which has no capabilities at all, and to kill what that child leaves.
         args += ["--cap-drop", "ALL"]
         if self.uid is not None:
-            args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+            args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_KILL"]
         return args + ["--chdir", "/tmp", "--", *inner]
 
     def child_env(self, scratch: str) -> dict[str, str]:
-        """What the child needs to know: who to become (``autograder.reaper.drop_privileges``),
-        and its scratch folder as HOME and TMPDIR, as the student's code sees it."""
+        """What the server needs to know: who its children become
+        (``autograder.reaper.drop_privileges``), their scratch folder as HOME and
+        TMPDIR, as the student's code sees it, and the folders it empties after each call."""
         inside = "/tmp" if self.layer is Layer.BUBBLEWRAP else scratch
         run_as = "" if self.uid is None else f"{self.uid}:{self.gid}"
-        return {"HOME": inside, "TMPDIR": inside, "K2C_RUN_AS": run_as}
+        emptied = [inside, "/dev/shm"] if self.layer is Layer.BUBBLEWRAP else [inside]  # /dev/shm: the sandbox's own
+        return {"HOME": inside, "TMPDIR": inside, "K2C_RUN_AS": run_as, "K2C_SCRATCH": os.pathsep.join(emptied)}
 
 
 def needed_paths() -> list[str]:

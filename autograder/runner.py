@@ -52,6 +52,13 @@ def resolve_tier(requested: str) -> str:
     return requested
 
 
+# What the sandbox's server imports once for all the calls of a lab that requires
+# (lab.toml) each distribution: seconds of CPU that each call would otherwise pay.
+# torch._dynamo comes with the first optimizer; mpi4py is not here, since its ranks
+# are new processes started by mpiexec.
+PRELOAD = {"torch": ("torch", "torch.distributed", "torch._dynamo"), "numba": ("numba", "numba.cuda")}
+
+
 def child_environment(tier: str, lab: Lab | None = None) -> dict[str, str]:
     env = {"K2C_TIER": tier}
     if lab and lab.refuse:
@@ -63,6 +70,12 @@ def child_environment(tier: str, lab: Lab | None = None) -> dict[str, str]:
             env["NUMBA_NUM_THREADS"] = "4"
     else:
         env["NUMBA_ENABLE_CUDASIM"] = "0"
+    if lab:
+        env["K2C_PRELOAD"] = ",".join(m for r in lab.requires or () for m in PRELOAD.get(r, ()))
+        if "torch" in (lab.requires or ()):
+            # One OpenMP thread, as course.dist gives its ranks: several processes share few
+            # cores, and then a job's ranks can be forked from the call (course.dist._can_fork_here).
+            env["OMP_NUM_THREADS"] = "1"
     return env
 
 
@@ -132,8 +145,11 @@ def _grade_folder(lab, folder, graded, missing, tier, timeout_s, select, on_resu
     plugin = GradingPlugin(submission, tier, missing, on_result)
     args = _pytest_args(lab, select)
     log = io.StringIO()
-    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        code = pytest.main(args, plugins=[plugin])
+    try:
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            code = pytest.main(args, plugins=[plugin])
+    finally:
+        submission.close()
     if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) and not plugin.results:
         raise UsageError(f"the checks of lab {lab.slug} could not run (pytest exit {int(code)}):\n"
                          + log.getvalue()[-2000:])

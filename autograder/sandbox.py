@@ -1,31 +1,34 @@
-"""Run one call into student code in a child process, isolated and under limits.
+"""Run calls into student code in child processes, isolated and under limits.
 
-The child runs in the strongest isolation layer this machine offers
-(``autograder.isolation``: bubblewrap's namespaces, else a reaping
-supervisor; as ``nobody`` when the grader is root), in a scratch folder of its
-own, on a copy of the submission. It gets a wall-clock deadline, a CPU-time
+A ``Sandbox`` serves the calls into one submission; ``run_call`` is one call
+in a sandbox of its own. The calls run in the strongest isolation layer this
+machine offers (``autograder.isolation``: bubblewrap's namespaces, else a
+reaping supervisor; as ``nobody`` when the grader is root), each in a fresh
+child of the sandbox's server (``autograder.child``) with empty scratch
+folders, on a read-only copy of the submission. It gets a wall-clock deadline, a CPU-time
 limit, a file-size limit and (on the CPU tier) an address-space limit; a
 watchdog also sums the resident memory of every process below it, which catches
 what a per-process limit cannot (several processes, or a GPU run where an
-address-space limit would break the CUDA driver). When the call ends, for
-whatever reason, every process it started is gone before ``run_call`` returns.
+address-space limit would break the CUDA driver). When a call ends, for
+whatever reason, every process it started is gone before it returns.
 """
 from __future__ import annotations
 
 import os
 import resource
 import secrets
+import select
 import shutil
 import signal
 import stat
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 
 from autograder import codec, isolation
+from autograder.child import REPLY, REQUEST
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MEMORY_SCAN_MAX_S = 0.25  # the longest wait between two sums of a call's resident memory
@@ -100,9 +103,9 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
-def _group_rss_mb(pgid: int) -> float:
+def _group_rss_mb(pgid: int, leave_out: set[int] = frozenset()) -> float:
     total = 0
-    for pid in _group_members(pgid):
+    for pid in set(_group_members(pgid)) - leave_out:
         try:
             with open(f"/proc/{pid}/statm") as f:
                 total += int(f.read().split()[1]) * PAGE
@@ -180,11 +183,11 @@ def _stage(submission: str, folder: str) -> str:
     return copy
 
 
-def _tail(path: str, limit: int = 1500) -> str:
+def _tail(path: str, limit: int = 1500, offset: int = 0) -> str:
+    """The last ``limit`` bytes of the file after ``offset``, as text."""
     with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        size = f.tell()
-        f.seek(max(0, size - limit))
+        size = f.seek(0, os.SEEK_END) - offset
+        f.seek(offset + max(0, size - limit))
         text = f.read().decode(errors="replace")
     return ("…" + text) if size > limit else text
 
@@ -197,87 +200,159 @@ def _signal_of(code: int) -> signal.Signals | None:
         return None
 
 
-def run_call(request: dict, limits: Limits, env: dict[str, str] | None = None,
-             layer: isolation.Isolation | None = None) -> Outcome:
-    """Run ``request`` (see ``autograder.child``) in a fresh isolated child, in
-    ``layer`` (default: the strongest this machine offers)."""
-    layer = layer or isolation.detect()
-    read_end, write_end = os.pipe()
-    with tempfile.TemporaryDirectory(prefix="k2c-sandbox-", ignore_cleanup_errors=True) as tmp:
-        os.chmod(tmp, 0o711)  # the call's user passes through to its scratch folder, and sees nothing else here
-        scratch = os.path.join(tmp, "scratch")
+class Sandbox:
+    """Calls into one submission, each in a fresh child of one isolated server
+    (``autograder.child``), which imports what they need (``K2C_PRELOAD`` in
+    ``env``) once: a grading pays for starting Python and importing torch or
+    numba once per sandbox, not once per call. The server kills every process
+    of a call and empties the scratch space before the call returns, so the next
+    call finds what the first did. A call that runs out of time or memory, or
+    whose server dies, ends the sandbox; the next call starts a new one."""
+
+    START_TIMEOUT_S = 300.0  # starting Python and importing torch, on a machine that may be very busy
+
+    def __init__(self, submission: str, limits: Limits, env: dict[str, str] | None = None,
+                 layer: isolation.Isolation | None = None):
+        self.submission, self.limits, self.env = submission, limits, dict(env or {})
+        self.layer = layer or isolation.detect()
+        self._proc = None
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _start(self) -> None:
+        self._tmp = tempfile.mkdtemp(prefix="k2c-sandbox-")
+        os.chmod(self._tmp, 0o711)  # the call's user passes through to its scratch folder, and sees nothing else here
+        scratch = os.path.join(self._tmp, "scratch")
         os.mkdir(scratch, 0o711)
-        if layer.uid is not None:
-            os.chown(scratch, layer.uid, layer.gid)
-        request = dict(request, submission=_stage(request["submission"], tmp))
+        if self.layer.uid is not None:
+            os.chown(scratch, self.layer.uid, self.layer.gid)
+        self._staged = _stage(self.submission, self._tmp)
+        read_end, write_end = os.pipe()
         child_env = dict(os.environ)
-        child_env.update(env or {})
-        child_env.update(layer.child_env(scratch))
+        child_env.update(self.env)
+        child_env.update(self.layer.child_env(scratch))
         child_env["K2C_RESULT_FD"] = child_env["K2C_PASS_FDS"] = str(write_end)
         child_env["PYTHONDONTWRITEBYTECODE"] = "1"
-        # Marks every process of this call, for the last sweep below.
-        child_env["K2C_CALL"] = marker = secrets.token_hex(8)
-        # The child must import the grader's own packages even when they are not installed.
+        # Marks every process of this sandbox, for the last sweep in close().
+        child_env["K2C_CALL"] = self._marker = secrets.token_hex(8)
+        # The server must import the grader's own packages even when they are not installed.
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [isolation.PACKAGE_ROOT, child_env.get("PYTHONPATH")]))
-        command = layer.command([sys.executable, "-m", "autograder.child"], scratch,
-                                [*isolation.needed_paths(), request["submission"]], limits.devices)
-        log = os.path.join(tmp, "output.txt")
-        start = time.monotonic()
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
+        # -P: no folder the student can write (the scratch folder it starts in) on its sys.path; -s: nor theirs.
+        command = self.layer.command([sys.executable, "-P", "-s", "-m", "autograder.child"], scratch,
+                                     [*isolation.needed_paths(), self._staged], self.limits.devices)
+        self._log_path = os.path.join(self._tmp, "output.txt")
+        with open(self._log_path, "wb") as out:
+            self._proc = subprocess.Popen(
                 command, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
                 pass_fds=(write_end,), env=child_env, cwd=scratch,
-                start_new_session=True, preexec_fn=_limit_child(limits),
+                start_new_session=True, preexec_fn=_limit_child(self.limits),
             )
         os.close(write_end)
-        chunks: list[bytes] = []
-        reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(read_end, 1 << 20), b"")),
-                                  daemon=True)
-        reader.start()
+        self._replies = read_end
+        self._inbox = b""
+        self._server: set[int] = set()
+        if self._wait_for(0, time.monotonic() + self.START_TIMEOUT_S, watch_memory=False) is None:
+            output = _tail(self._log_path)
+            self.close()
+            raise RuntimeError(f"the sandbox did not start: {output or 'no output'}")
+        # The server's own processes, before any call: its memory is not the student's.
+        self._server = set(_group_members(self._proc.pid))
 
-        def feed():
+    def _wait_for(self, size: int, deadline: float, watch_memory: bool = True):
+        """Wait for a reply of ``size`` bytes after its header: (code, reply), or None
+        if the server died; "timeout" or "memory" when the call is stopped for it."""
+        next_scan, interval = time.monotonic(), 0.05
+        while True:
+            if len(self._inbox) >= REPLY.size:
+                code, length = REPLY.unpack_from(self._inbox)
+                if len(self._inbox) >= REPLY.size + length:
+                    reply = self._inbox[REPLY.size:REPLY.size + length]
+                    self._inbox = self._inbox[REPLY.size + length:]
+                    return code, reply
+            now = time.monotonic()
+            if now > deadline:
+                return "timeout"
+            if watch_memory and self.limits.memory_mb and now >= next_scan:
+                if self._rss_mb() > self.limits.memory_mb:
+                    return "memory"
+                # A memory scan reads all of /proc (tens of ms on a busy machine): often at
+                # first, then every MEMORY_SCAN_MAX_S, so that waiting on a long call costs
+                # the grader little CPU. The reply is still seen as soon as it comes.
+                interval = min(interval * 1.5, MEMORY_SCAN_MAX_S)
+                next_scan = now + interval
+            if select.select([self._replies], [], [], 0.05)[0]:
+                data = os.read(self._replies, 1 << 20)
+                if not data:  # the server is gone
+                    return None
+                self._inbox += data
+
+    def _rss_mb(self) -> float:
+        return _group_rss_mb(self._proc.pid, leave_out=self._server)
+
+    def call(self, request: dict) -> Outcome:
+        """Run ``request`` (see ``autograder.child``), the submission being this sandbox's."""
+        if self._proc is None:
             try:
-                proc.stdin.write(codec.encode(request))
-                proc.stdin.close()
-            except OSError:  # the child died before reading its request
-                pass
-        threading.Thread(target=feed, daemon=True).start()
-
-        status, over_memory = None, False
-        deadline = start + limits.timeout_s
-        # A memory scan reads all of /proc (tens of ms on a busy machine): often at
-        # first, then every MEMORY_SCAN_MAX_S, so that waiting on a long call costs
-        # the grader little CPU. The exit is still seen within 50 ms.
-        next_scan, interval = start, 0.05
+                self._start()
+            except RuntimeError as exc:
+                return Outcome("crashed", message=str(exc))
+        request = dict(request, submission=self._staged)
+        with open(self._log_path, "rb") as log:
+            offset = log.seek(0, os.SEEK_END)
+        start = time.monotonic()
+        payload = codec.encode(request)
         try:
-            while proc.poll() is None:
-                now = time.monotonic()
-                if now > deadline:
-                    status = "timeout"
-                    break
-                if limits.memory_mb and now >= next_scan:
-                    if _group_rss_mb(proc.pid) > limits.memory_mb:
-                        over_memory = True
-                        break
-                    interval = min(interval * 1.5, MEMORY_SCAN_MAX_S)
-                    next_scan = now + interval
-                time.sleep(0.05)
-        finally:
-            kill_group(proc.pid)
-            proc.wait()
-            _sweep(marker)
-        reader.join(timeout=2)
-        os.close(read_end)
+            self._proc.stdin.write(REQUEST.pack(len(payload)) + payload)
+            self._proc.stdin.flush()
+        except OSError:
+            pass  # the server is gone: seen below
+        got = self._wait_for(0, start + self.limits.timeout_s)
         duration = time.monotonic() - start
-        output = _tail(log)
+        if not isinstance(got, tuple):
+            self._stop()  # kills the call, and everything it started, with the server
+        output = _tail(self._log_path, offset=offset)
+        if not isinstance(got, tuple):
+            self.close()
+        if got == "timeout":
+            return Outcome("timeout", message=f"did not finish within {self.limits.timeout_s:g} s "
+                           "(an infinite loop? a deadlock?) and was stopped", output=output, duration_s=duration)
+        if got == "memory":
+            return Outcome("memory", message=f"used more than {self.limits.memory_mb} MiB of memory and was stopped",
+                           output=output, duration_s=duration)
+        if got is None:
+            return Outcome("crashed", message="the sandbox's process ended during the call", output=output,
+                           duration_s=duration)
+        return _outcome(*got, output, duration)
 
-    if status == "timeout":
-        return Outcome("timeout", message=f"did not finish within {limits.timeout_s:g} s "
-                       "(an infinite loop? a deadlock?) and was stopped", output=output, duration_s=duration)
-    if over_memory:
-        return Outcome("memory", message=f"used more than {limits.memory_mb} MiB of memory and was stopped",
-                       output=output, duration_s=duration)
-    data = b"".join(chunks)
+    def _stop(self) -> None:
+        """Kill the server and everything in the sandbox, and wait until it is all gone."""
+        if self._proc is None or self._replies is None:  # never started, or stopped already
+            return
+        try:
+            self._proc.stdin.close()
+        except OSError:
+            pass
+        kill_group(self._proc.pid)
+        self._proc.wait()
+        _sweep(self._marker)
+        os.close(self._replies)
+        self._replies = None
+
+    def close(self) -> None:
+        """End the server and everything in the sandbox; remove its folder."""
+        if self._proc is None:
+            return
+        self._stop()
+        self._proc = None
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def _outcome(code: int, data: bytes, output: str, duration: float) -> Outcome:
+    """What a call's exit code and reply (as the server passed them on) mean."""
     if data:
         try:
             reply = codec.decode(data)
@@ -289,7 +364,6 @@ def run_call(request: dict, limits: Limits, env: dict[str, str] | None = None,
         return Outcome(reply["status"], value=reply.get("value"), message=reply.get("message", ""),
                        where=reply.get("where", []), error_type=reply.get("type", ""),
                        output=output, duration_s=duration)
-    code = proc.returncode
     sig = _signal_of(code)
     if sig:
         if sig == signal.SIGXCPU:
@@ -301,3 +375,11 @@ def run_call(request: dict, limits: Limits, env: dict[str, str] | None = None,
         return Outcome("crashed", message=why, output=output, duration_s=duration)
     return Outcome("no_result", message=f"the process exited with status {code} before returning a result "
                    "(does the code call os._exit or exit the interpreter?)", output=output, duration_s=duration)
+
+
+def run_call(request: dict, limits: Limits, env: dict[str, str] | None = None,
+             layer: isolation.Isolation | None = None) -> Outcome:
+    """Run ``request`` (see ``autograder.child``) in a sandbox of its own, in
+    ``layer`` (default: the strongest this machine offers)."""
+    with Sandbox(request["submission"], limits, env, layer) as sandbox:
+        return sandbox.call(request)

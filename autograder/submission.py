@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from autograder.sandbox import Limits, Outcome, run_call
+from autograder.sandbox import Limits, Outcome, Sandbox
 
 
 class SubmissionError(Exception):
@@ -85,6 +85,7 @@ class Submission:
         self._simulated: Submission | None = None
         self._compiling: Submission | None = None
         self._once: dict = {}
+        self._sandbox: Sandbox | None = None  # every call of this grading run, one warm process (sandbox.Sandbox)
         # Wall seconds spent in calls into the student's code, shared with the
         # simulator and compiling variants: the rest of a grading is the grader's.
         self.calls_s = [0.0]
@@ -93,6 +94,8 @@ class Submission:
         """The same submission run in numba's CUDA simulator, whatever the tier: for
         checks that inspect what a kernel does to memory (``course.cuda_audit``),
         which only the simulator can show, rather than how fast it runs."""
+        if self.tier == "cpu" and self.env.get("NUMBA_ENABLE_CUDASIM") == "1":
+            return self  # the CPU tier runs in the simulator already
         if self._simulated is None:
             self._simulated = Submission(self.path, self.harness_path, "cpu", self.limits,
                                          dict(self.env, NUMBA_ENABLE_CUDASIM="1"))
@@ -108,6 +111,13 @@ class Submission:
                                          dict(self.env, NUMBA_ENABLE_CUDASIM="0"))
             self._compiling.calls_s = self.calls_s
         return self._compiling
+
+    def close(self) -> None:
+        """End the sandboxes of this grading run (its simulator and compiling variants too)."""
+        for submission in (self, self._simulated, self._compiling):
+            if submission is not None and submission._sandbox is not None:
+                submission._sandbox.close()
+                submission._sandbox = None
 
     def once(self, key, compute):
         """``compute()``, run once per grading run for ``key``: several checks that
@@ -138,8 +148,10 @@ class Submission:
         request = {"submission": str(self.path), "target": target, "args": list(args), "kwargs": kwargs,
                    "simulator": self.tier == "cpu"}
         started = time.monotonic()
+        if self._sandbox is None:
+            self._sandbox = Sandbox(str(self.path), self.limits, self.env)
         try:
-            outcome = run_call(request, self.limits, self.env)
+            outcome = self._sandbox.call(request)
         finally:
             self.calls_s[0] += time.monotonic() - started
         if outcome.status == "ok":

@@ -8,7 +8,9 @@
 ``target`` is a function, ``"module:function"`` or ``"path/to/file.py:function"``.
 ``run(target, n, *args)`` starts one fresh Python process (this interpreter,
 this environment) that imports torch and then forks the ``n`` ranks: importing
-torch takes seconds, so a job pays it once, not once per rank. Rank 0 opens a rendezvous store on a free loopback port
+torch takes seconds, so a job pays it once, not once per rank. Where this
+process has imported torch already and runs no other thread (the grader's
+sandbox preloads it), it forks that process instead, and a job pays nothing. Rank 0 opens a rendezvous store on a free loopback port
 (the operating system picks it, so parallel jobs never collide) and tells the
 others where it is; each process then joins the default process group — gloo
 on the CPU, NCCL when every rank can have a GPU of its own — and calls
@@ -64,9 +66,12 @@ def run(target, n: int, *args, timeout: float = 60, backend: str = "auto", **kwa
         with open(log, "wb") as out:
             # A session of its own, which the ranks share: killing it (and what
             # they started) cannot touch the caller.
-            forker = subprocess.Popen([sys.executable, "-m", "course.dist", folder, str(n)], env=env,
-                                      stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      start_new_session=True)
+            if _can_fork_here():
+                forker = _Forked(folder, n, env, out)
+            else:
+                forker = subprocess.Popen([sys.executable, "-m", "course.dist", folder, str(n)], env=env,
+                                          stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          start_new_session=True)
             try:
                 timed_out, codes = _wait(forker, Path(folder), n, start + timeout)
             finally:
@@ -83,6 +88,52 @@ def run(target, n: int, *args, timeout: float = 60, backend: str = "auto", **kwa
                       if code is not None and code < 0 and rank not in job.finished}
         job.output = log.read_bytes()[-4000:].decode(errors="replace")
     return job.settle(timed_out, clean_exit=all(code == 0 for code in codes))
+
+
+def _can_fork_here() -> bool:
+    """Whether the ranks can be forked from this process instead of a new one:
+    it has imported torch already (the grader's sandbox does, for the labs that
+    use it), runs no other Python thread that a fork would cut off (a notebook's
+    kernel does), and keeps to one OpenMP thread (``OMP_NUM_THREADS=1``, as the
+    sandbox sets it), so no OpenMP thread pool, which does not survive a fork,
+    can exist."""
+    import threading
+
+    return ("torch.distributed" in sys.modules and threading.active_count() == 1
+            and os.environ.get("OMP_NUM_THREADS") == "1")
+
+
+class _Forked:
+    """The forker as a fork of this process (see ``_can_fork_here``), with the
+    little of ``subprocess.Popen`` that ``run`` uses."""
+
+    def __init__(self, folder: str, n: int, env: dict, out):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.returncode = None
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                os.setsid()
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+                os.dup2(out.fileno(), 1)
+                os.dup2(out.fileno(), 2)
+                os.environ.update({k: env[k] for k in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR")})
+                _forker_main(folder, n, fresh=False)
+            finally:
+                os._exit(1)
+
+    def poll(self):
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self):
+        if self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return self.returncode
 
 
 def _signal_name(number: int) -> str:
@@ -156,15 +207,20 @@ def init(backend: str = "auto", timeout: float = 600):
 
 # -- the ranks' side: python -m course.dist FOLDER N -----------------------------------
 
-def _forker_main(folder: str, n: int) -> None:
-    """Import torch once, then fork the ``n`` ranks and record how each exits.
-    No thread runs yet when it forks (the launcher asks for one OpenMP thread,
-    and nothing has computed), which is what makes forking safe."""
+def _forker_main(folder: str, n: int, fresh: bool = True) -> None:
+    """Import torch once (``fresh``: in a new interpreter), then fork the ``n``
+    ranks and record how each exits. No thread runs yet when it forks (the
+    launcher asks for one OpenMP thread, and nothing has computed), which is
+    what makes forking safe."""
     from course import refuse
 
-    refuse.install_from_env()  # before torch: a refused object is replaced as its module loads
+    if fresh:
+        refuse.install_from_env()  # before torch: a refused object is replaced as its module loads
     import torch  # noqa: F401 - loaded once here, inherited by every rank
     import torch.distributed  # noqa: F401
+    # The first optimizer (torch.optim) or compiled function imports torch._dynamo,
+    # 1-2 s of CPU: once here, not once in every rank that trains.
+    import torch._dynamo  # noqa: F401
 
     sys.stdout.flush()
     sys.stderr.flush()

@@ -13,7 +13,7 @@ import pytest
 
 from autograder import isolation
 from autograder.isolation import Isolation, Layer
-from autograder.sandbox import Limits, run_call
+from autograder.sandbox import Limits, Sandbox, run_call
 from conftest import REPO
 
 HOSTILE = r'''
@@ -104,7 +104,32 @@ def attack_through(launcher, *args):
         from course import mpi
         return mpi.run("hostile:attack_rank", 2, *args, timeout=60).check().results
     from course import dist
+    assert dist._can_fork_here(), "the ranks should be forked from the call, as the grader's sandbox has them"
     return dist.run("hostile:attack", 2, *args, timeout=60).check().results
+
+def leave_traces(attack):
+    """A daemon and a file for the next call of the sandbox; then (``attack``) go for the
+    server, which made this process."""
+    _detach(lambda: time.sleep(60))
+    with open(os.path.join(os.environ["TMPDIR"], "left.txt"), "w") as f:
+        f.write("x")
+    if not attack:
+        return {}
+    libc = ctypes.CDLL(None, use_errno=True)
+    server = os.getppid()
+    seen = {"ptrace": "attached" if libc.ptrace(16, server, None, None) == 0 else os.strerror(ctypes.get_errno())}
+    try:
+        os.kill(server, signal.SIGKILL)
+        seen["kill"] = "sent"
+    except OSError as exc:
+        seen["kill"] = type(exc).__name__
+    return seen
+
+def find_traces():
+    """What a call finds of the one before: its file, and the other processes of its user."""
+    others = [p for p in filter(str.isdigit, os.listdir("/proc"))
+              if int(p) != os.getpid() and os.stat(f"/proc/{p}").st_uid == os.getuid()]
+    return {"file": os.path.exists(os.path.join(os.environ["TMPDIR"], "left.txt")), "processes": others}
 
 def read_beside_me(name):
     try:
@@ -148,10 +173,10 @@ def hostile(tmp_path):
     folder.mkdir()
     (folder / "hostile.py").write_text(HOSTILE)
 
-    def call(func, *args, limits=Limits(timeout_s=60), layer=None):
+    def call(func, *args, limits=Limits(timeout_s=60), layer=None, env=None):
         request = {"submission": str(folder), "target": {"kind": "module", "module": "hostile", "func": func},
                    "args": list(args), "kwargs": {}}
-        return run_call(request, limits, layer=layer)
+        return run_call(request, limits, env, layer=layer)
     return call
 
 
@@ -195,7 +220,9 @@ def test_hostile_code_cannot_touch_the_grader(bubblewrap, hostile, launcher, tmp
     listener.setblocking(False)
     grader = [os.getpid(), os.getppid()]
 
-    out = hostile("attack_through", launcher, grader, [str(p) for p in paths], listener.getsockname()[1])
+    # torch as a lab that requires it has it (autograder.runner.child_environment): preloaded, the ranks forked
+    env = {"K2C_PRELOAD": "torch,torch.distributed", "OMP_NUM_THREADS": "1"} if launcher == "torch" else None
+    out = hostile("attack_through", launcher, grader, [str(p) for p in paths], listener.getsockname()[1], env=env)
 
     assert out.status == "ok", out.message + out.output
     assert len(out.value) == (1 if launcher == "call" else 2)
@@ -222,6 +249,35 @@ def test_nothing_outlives_a_call_however_it_ends(hostile, our_processes, how, st
     out = hostile("strays_then", how, layer=layer,
                   limits=Limits(timeout_s=3, memory_mb=400, address_space=False))
     assert out.status == status, (out.status, out.message)
+    assert our_processes() == []
+
+
+@pytest.mark.parametrize("layer", [None, SUBREAPER], ids=["strongest", "subreaper"])
+def test_the_calls_of_a_sandbox_cannot_reach_its_server_or_each_other(hostile, tmp_path, our_processes, layer):
+    """One server (autograder.child) serves every call of a grading: a call cannot stop it,
+    and the next call finds nothing of the last, even after one that was stopped."""
+    def request(func, *args):
+        return {"submission": str(tmp_path / "submission"), "args": list(args), "kwargs": {},
+                "target": {"kind": "module", "module": "hostile", "func": func}}
+
+    with Sandbox(str(tmp_path / "submission"), Limits(timeout_s=5), layer=layer) as box:
+        assert box.call(request("find_traces")).status == "ok"
+        server = our_processes()  # the server and what started it, which stay between calls
+        # Only where the calls run as nobody (the grader is root) is the server out of their reach.
+        first = box.call(request("leave_traces", box.layer.uid is not None))
+        assert first.status == "ok", first.message + first.output
+        if box.layer.uid is not None:
+            assert first.value == {"ptrace": "Operation not permitted", "kill": "PermissionError"}
+        assert our_processes() == server  # the daemon went with the call
+        second = box.call(request("find_traces"))
+        assert second.status == "ok" and second.value["file"] is False, second
+        if box.layer.layer is Layer.BUBBLEWRAP:
+            assert second.value["processes"] == []  # in its PID namespace: only itself, the server and bwrap
+        stopped = box.call(request("strays_then", "timeout"))
+        assert stopped.status == "timeout"
+        assert our_processes() == []  # a stopped call ends the sandbox's server too
+        after = box.call(request("find_traces"))
+        assert after.status == "ok" and after.value["file"] is False, after
     assert our_processes() == []
 
 
