@@ -206,7 +206,7 @@ class Sandbox:
     ``env``) once: a grading pays for starting Python and importing torch or
     numba once per sandbox, not once per call. The server kills every process
     of a call and empties the scratch space before the call returns, so the next
-    call finds what the first did. A call that runs out of time or memory, or
+    call finds nothing of the last. A call that runs out of time or memory, or
     whose server dies, ends the sandbox; the next call starts a new one."""
 
     START_TIMEOUT_S = 300.0  # starting Python and importing torch, on a machine that may be very busy
@@ -235,6 +235,13 @@ class Sandbox:
         child_env = dict(os.environ)
         child_env.update(self.env)
         child_env.update(self.layer.child_env(scratch))
+        # torch._dynamo makes its cache folder as it loads, in the server, which cannot write
+        # the scratch folder: it is made here. (The grader's own TORCHINDUCTOR_CACHE_DIR, which
+        # torch sets as it loads, would be a folder the sandbox cannot write at all.)
+        os.mkdir(os.path.join(scratch, "torchinductor"), 0o755)
+        if self.layer.uid is not None:
+            os.chown(os.path.join(scratch, "torchinductor"), self.layer.uid, self.layer.gid)
+        child_env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(child_env["HOME"], "torchinductor")
         child_env["K2C_RESULT_FD"] = child_env["K2C_PASS_FDS"] = str(write_end)
         child_env["PYTHONDONTWRITEBYTECODE"] = "1"
         # Marks every process of this sandbox, for the last sweep in close().
@@ -255,16 +262,16 @@ class Sandbox:
         self._replies = read_end
         self._inbox = b""
         self._server: set[int] = set()
-        if self._wait_for(0, time.monotonic() + self.START_TIMEOUT_S, watch_memory=False) is None:
+        if not isinstance(self._wait_for(time.monotonic() + self.START_TIMEOUT_S, watch_memory=False), tuple):
             output = _tail(self._log_path)
             self.close()
             raise RuntimeError(f"the sandbox did not start: {output or 'no output'}")
         # The server's own processes, before any call: its memory is not the student's.
         self._server = set(_group_members(self._proc.pid))
 
-    def _wait_for(self, size: int, deadline: float, watch_memory: bool = True):
-        """Wait for a reply of ``size`` bytes after its header: (code, reply), or None
-        if the server died; "timeout" or "memory" when the call is stopped for it."""
+    def _wait_for(self, deadline: float, watch_memory: bool = True):
+        """Wait for the server's next reply: (code, reply), or None if the server died;
+        "timeout" or "memory" when the call must be stopped for it."""
         next_scan, interval = time.monotonic(), 0.05
         while True:
             if len(self._inbox) >= REPLY.size:
@@ -310,7 +317,7 @@ class Sandbox:
             self._proc.stdin.flush()
         except OSError:
             pass  # the server is gone: seen below
-        got = self._wait_for(0, start + self.limits.timeout_s)
+        got = self._wait_for(start + self.limits.timeout_s)
         duration = time.monotonic() - start
         if not isinstance(got, tuple):
             self._stop()  # kills the call, and everything it started, with the server

@@ -44,6 +44,12 @@ def spawn_and_hang(marker):
     subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({marker})"], start_new_session=True)
     time.sleep(60)
 
+def trains():
+    import torch
+    model = torch.nn.Linear(2, 1)
+    torch.optim.SGD(model.parameters(), lr=0.1).step()  # the first optimizer imports torch._dynamo
+    return "trained"
+
 def returns_object():
     return object()
 
@@ -58,10 +64,10 @@ def raises():
 def hostile(tmp_path):
     (tmp_path / "hostile.py").write_text(HOSTILE)
 
-    def call(func, *args, limits=Limits(timeout_s=20)):
+    def call(func, *args, limits=Limits(timeout_s=20), env=None):
         request = {"submission": str(tmp_path), "target": {"kind": "module", "module": "hostile", "func": func},
                    "args": list(args), "kwargs": {}}
-        return run_call(request, limits)
+        return run_call(request, limits, env)
     return call
 
 
@@ -140,3 +146,12 @@ def test_grader_process_is_untouched(hostile):
     for func in ("hard_exit", "soft_exit", "segfault"):
         hostile(func)
     assert (os.getpid(), sys.getrecursionlimit()) == before
+
+
+def test_preloaded_torch_trains_whatever_cache_folder_the_grader_had(hostile, monkeypatch):
+    """torch sets TORCHINDUCTOR_CACHE_DIR in the grader once it has loaded torch._dynamo (as the
+    grader's checks or an earlier test may): a folder the sandbox's server cannot make. Its
+    preload must not half-fail, or every later import of torch._dynamo raises."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_the_grader")
+    out = hostile("trains", env={"K2C_PRELOAD": "torch,torch._dynamo"}, limits=Limits(timeout_s=60))
+    assert out.status == "ok" and out.value == "trained", out.message + out.output
