@@ -131,16 +131,18 @@ def compile_cupy_kernels(module_name: str, builder: str) -> dict:
     return {"kernels": kernels}
 
 
-def compiled_kernels(submission, module_name: str, signatures: dict) -> dict:
-    """``compile_kernels`` for a submission's module, once per grading run, in a
-    sandboxed call with the simulator off."""
-    return submission.once(("compiled", module_name), lambda: submission.compiling().call(
-        "autograder.checking.compile_kernels", module_name, signatures))
+def compiled_kernels(submission, module_name: str, signatures: dict, kernel: str) -> dict:
+    """``compile_kernels`` for one kernel of a submission's module (its signature
+    from ``signatures``), once per grading run, in a sandboxed call with the
+    simulator off. One kernel at a time: a grading that selects a few checks
+    compiles only the kernels they launch."""
+    return submission.once(("compiled", module_name, kernel), lambda: submission.compiling().call(
+        "autograder.checking.compile_kernels", module_name, {kernel: signatures[kernel]}))
 
 
 def require_compiles(submission, module_name: str, signatures: dict, kernel: str) -> None:
     """A kernel no GPU would compile loses the points of every check that launches it."""
-    failure = compile_failure(compiled_kernels(submission, module_name, signatures), kernel)
+    failure = compile_failure(compiled_kernels(submission, module_name, signatures, kernel), kernel)
     assert not failure, failure
 
 

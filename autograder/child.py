@@ -35,7 +35,7 @@ import traceback
 
 from autograder import codec
 from autograder.reaper import PR_SET_CHILD_SUBREAPER, _prctl, drop_privileges, kill_and_reap_all
-from course import refuse
+from course import cuda_sim, refuse
 
 # grader -> server: a length, then a request (codec); server -> grader: the child's
 # exit code (negative: the signal that ended it) and the length of its reply, then the reply.
@@ -96,10 +96,14 @@ def _call(request: dict, reply_fd: int, server_fds: tuple[int, ...], run_as: str
         drop_privileges(run_as)  # before anything of the student's is read
         if request.get("simulator"):
             # The CUDA simulator runs every CUDA thread of a block as a Python thread:
-            # switch between them often (much faster), and give them small stacks, or
-            # a few blocks of 256 threads (8 MiB of address space each) would reach
-            # the RLIMIT_AS the sandbox sets.
-            sys.setswitchinterval(1e-4)
+            # schedule them with barriers that wake them (course.cuda_sim; once the
+            # server has imported numba.cuda), and give them small stacks, or a few
+            # blocks of 256 threads (8 MiB of address space each) would reach the
+            # RLIMIT_AS the sandbox sets.
+            if "numba.cuda" in sys.modules:
+                cuda_sim.install()
+            else:
+                sys.setswitchinterval(1e-4)
             threading.stack_size(2 * 2**20)
         tempfile.tempdir = None  # found again, as the student's user: the server may have cached another
         os.chdir(tempfile.mkdtemp(prefix="k2c-run-"))

@@ -146,7 +146,7 @@ class Submission:
 
     def _run(self, target: dict, args, kwargs):
         request = {"submission": str(self.path), "target": target, "args": list(args), "kwargs": kwargs,
-                   "simulator": self.tier == "cpu"}
+                   "simulator": self.env.get("NUMBA_ENABLE_CUDASIM") == "1"}
         started = time.monotonic()
         if self._sandbox is None:
             self._sandbox = Sandbox(str(self.path), self.limits, self.env)

@@ -29,7 +29,7 @@ def _require_compiles(submission, kernel):
 @pytest.mark.parametrize("kernel", SIGNATURES)
 def check_compiles_for_a_gpu(submission, kernel, metrics):
     """compiles for sm_80 and sm_90 with numba's CUDA compiler (registers and shared memory from ptxas)"""
-    expect_compiled(compiled_kernels(submission, "cuda_basics", SIGNATURES), kernel, metrics)
+    expect_compiled(compiled_kernels(submission, "cuda_basics", SIGNATURES, kernel), kernel, metrics)
 
 
 def _expect_launch(result, n_or_shape, want, what):

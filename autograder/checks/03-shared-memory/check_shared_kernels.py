@@ -61,7 +61,7 @@ KERNEL_OF = {"reduce": "block_sum_kernel", "scan": "scan_block_kernel", "matmul"
 @pytest.mark.parametrize("kernel", SIGNATURES)
 def check_compiles_for_a_gpu(submission, kernel, metrics):
     """compiles for sm_80 and sm_90 with numba's CUDA compiler (registers and shared memory from ptxas)"""
-    expect_compiled(compiled_kernels(submission, "shared_kernels", SIGNATURES), kernel, metrics)
+    expect_compiled(compiled_kernels(submission, "shared_kernels", SIGNATURES, kernel), kernel, metrics)
 
 
 def simulated(submission, case):
