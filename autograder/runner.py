@@ -80,12 +80,14 @@ def child_environment(tier: str, lab: Lab | None = None) -> dict[str, str]:
 
 
 def grade(lab: Lab, submission_root: Path, tier: str, timeout_s: float | None = None,
-          select: str | None = None, on_result=None) -> LabResult:
+          select: str | None = None, on_result=None, sandbox_for=None) -> LabResult:
+    """Grade ``submission_root`` on ``lab``'s checks (those ``select``, a ``-k`` expression, picks).
+    ``sandbox_for``: see ``Submission``; None gives this grading a sandbox of its own."""
     start = time.monotonic()
     folder, missing = locate_submission(lab, submission_root)
     with tempfile.TemporaryDirectory(prefix="k2c-uses-") as scratch:
         graded = with_used_files(lab, folder, Path(submission_root), Path(scratch))
-        return _grade_folder(lab, folder, graded, missing, tier, timeout_s, select, on_result, start)
+        return _grade_folder(lab, folder, graded, missing, tier, timeout_s, select, on_result, start, sandbox_for)
 
 
 @dataclass(frozen=True)
@@ -134,14 +136,16 @@ def list_checks(lab: Lab, select: str | None = None) -> list[CheckInfo]:
     return collector.found
 
 
-def _grade_folder(lab, folder, graded, missing, tier, timeout_s, select, on_result, start) -> LabResult:
+def _grade_folder(lab, folder, graded, missing, tier, timeout_s, select, on_result, start,
+                  sandbox_for=None) -> LabResult:
     try:
         layer = isolation.detect()
     except RuntimeError as exc:
         raise UsageError(str(exc)) from None
     limits = Limits(timeout_s=timeout_s or lab.timeout_s, memory_mb=lab.memory_mb,
                     address_space=(tier == "cpu"), devices=(tier == "gpu"))
-    submission = Submission(graded, lab.checks_dir / "harness.py", tier, limits, child_environment(tier, lab))
+    submission = Submission(graded, lab.checks_dir / "harness.py", tier, limits, child_environment(tier, lab),
+                            sandbox_for)
     plugin = GradingPlugin(submission, tier, missing, on_result)
     args = _pytest_args(lab, select)
     log = io.StringIO()

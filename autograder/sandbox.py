@@ -168,11 +168,10 @@ def _sweep(marker: str, patience_s: float = 2.0) -> None:
         time.sleep(0.02)
 
 
-def _stage(submission: str, folder: str) -> str:
-    """A copy of the submission that the call's user can read and not change.
+def _stage(submission: str, copy: str) -> str:
+    """A copy of the submission, at ``copy``, that the call's user can read and not change.
     Links are copied as links, never followed: a link cannot make the grader
     copy a file the student could not read."""
-    copy = os.path.join(folder, "submission")
     shutil.copytree(submission, copy, symlinks=True, ignore=_not_copied)
     for root, _, files in os.walk(copy):
         os.chmod(root, 0o755)
@@ -230,7 +229,11 @@ class Sandbox:
         os.mkdir(scratch, 0o711)
         if self.layer.uid is not None:
             os.chown(scratch, self.layer.uid, self.layer.gid)
-        self._staged = _stage(self.submission, self._tmp)
+        # The submissions' read-only copies, made as the first call into each arrives (see call()).
+        self._staging = os.path.join(self._tmp, "submissions")
+        os.mkdir(self._staging, 0o755)
+        self._staged: dict[str, str] = {}
+        self._copies = 0
         read_end, write_end = os.pipe()
         child_env = dict(os.environ)
         child_env.update(self.env)
@@ -250,7 +253,7 @@ class Sandbox:
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [isolation.PACKAGE_ROOT, child_env.get("PYTHONPATH")]))
         # -P: no folder the student can write (the scratch folder it starts in) on its sys.path; -s: nor theirs.
         command = self.layer.command([sys.executable, "-P", "-s", "-m", "autograder.child"], scratch,
-                                     [*isolation.needed_paths(), self._staged], self.limits.devices)
+                                     [*isolation.needed_paths(), self._staging], self.limits.devices)
         self._log_path = os.path.join(self._tmp, "output.txt")
         with open(self._log_path, "wb") as out:
             self._proc = subprocess.Popen(
@@ -301,13 +304,13 @@ class Sandbox:
         return _group_rss_mb(self._proc.pid, leave_out=self._server)
 
     def call(self, request: dict) -> Outcome:
-        """Run ``request`` (see ``autograder.child``), the submission being this sandbox's."""
+        """Run ``request`` (see ``autograder.child``) on the copy of its submission (default: this sandbox's)."""
         if self._proc is None:
             try:
                 self._start()
             except RuntimeError as exc:
                 return Outcome("crashed", message=str(exc))
-        request = dict(request, submission=self._staged)
+        request = dict(request, submission=self._copy_of(request.get("submission") or self.submission))
         with open(self._log_path, "rb") as log:
             offset = log.seek(0, os.SEEK_END)
         start = time.monotonic()
@@ -334,6 +337,22 @@ class Sandbox:
             return Outcome("crashed", message="the sandbox's process ended during the call", output=output,
                            duration_s=duration)
         return _outcome(*got, output, duration)
+
+    def _copy_of(self, submission: str) -> str:
+        """The read-only copy of ``submission`` that the calls see, made on its first call.
+        A sandbox serves its own submission; a grader that grades many trusted ones in a
+        row (tests/grade_batch.py) may send several through one server, which never runs
+        their code itself: each call still runs in a fresh child, on a copy of its own."""
+        if submission not in self._staged:
+            self._copies += 1
+            self._staged[submission] = _stage(submission, os.path.join(self._staging, str(self._copies)))
+        return self._staged[submission]
+
+    def forget(self, submission: str) -> None:
+        """Remove the copy of ``submission``: a later call into it gets a fresh one."""
+        copy = self._staged.pop(submission, None) if self._proc is not None else None
+        if copy:
+            shutil.rmtree(copy, ignore_errors=True)
 
     def _stop(self) -> None:
         """Kill the server and everything in the sandbox, and wait until it is all gone."""

@@ -76,7 +76,8 @@ def explain(outcome: Outcome) -> str:
 
 
 class Submission:
-    def __init__(self, path: Path, harness_path: Path, tier: str, limits: Limits, env: dict[str, str]):
+    def __init__(self, path: Path, harness_path: Path, tier: str, limits: Limits, env: dict[str, str],
+                 sandbox_for=None):
         self.path = Path(path)
         self.harness_path = Path(harness_path)
         self.tier = tier
@@ -86,6 +87,9 @@ class Submission:
         self._compiling: Submission | None = None
         self._once: dict = {}
         self._sandbox: Sandbox | None = None  # every call of this grading run, one warm process (sandbox.Sandbox)
+        # None: that sandbox is this run's own, ended with it. Else a function (path, limits, env) -> a
+        # Sandbox its caller keeps and ends (tests/grade_batch.py: one server for many trusted fixtures).
+        self.sandbox_for = sandbox_for
         # Wall seconds spent in calls into the student's code, shared with the
         # simulator and compiling variants: the rest of a grading is the grader's.
         self.calls_s = [0.0]
@@ -98,7 +102,7 @@ class Submission:
             return self  # the CPU tier runs in the simulator already
         if self._simulated is None:
             self._simulated = Submission(self.path, self.harness_path, "cpu", self.limits,
-                                         dict(self.env, NUMBA_ENABLE_CUDASIM="1"))
+                                         dict(self.env, NUMBA_ENABLE_CUDASIM="1"), self.sandbox_for)
             self._simulated.calls_s = self.calls_s
         return self._simulated
 
@@ -108,7 +112,7 @@ class Submission:
         which needs no GPU but must not run in the simulator."""
         if self._compiling is None:
             self._compiling = Submission(self.path, self.harness_path, self.tier, self.limits,
-                                         dict(self.env, NUMBA_ENABLE_CUDASIM="0"))
+                                         dict(self.env, NUMBA_ENABLE_CUDASIM="0"), self.sandbox_for)
             self._compiling.calls_s = self.calls_s
         return self._compiling
 
@@ -116,7 +120,10 @@ class Submission:
         """End the sandboxes of this grading run (its simulator and compiling variants too)."""
         for submission in (self, self._simulated, self._compiling):
             if submission is not None and submission._sandbox is not None:
-                submission._sandbox.close()
+                if submission.sandbox_for is None:
+                    submission._sandbox.close()
+                else:
+                    submission._sandbox.forget(str(submission.path))
                 submission._sandbox = None
 
     def once(self, key, compute):
@@ -149,7 +156,7 @@ class Submission:
                    "simulator": self.env.get("NUMBA_ENABLE_CUDASIM") == "1"}
         started = time.monotonic()
         if self._sandbox is None:
-            self._sandbox = Sandbox(str(self.path), self.limits, self.env)
+            self._sandbox = (self.sandbox_for or Sandbox)(str(self.path), self.limits, self.env)
         try:
             outcome = self._sandbox.call(request)
         finally:

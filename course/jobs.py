@@ -8,6 +8,7 @@ import os
 import pickle
 import signal
 import sys
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,11 +164,20 @@ def call_and_reply(call, reply: Path) -> bool:
     return False
 
 
-def kill_tree(proc) -> None:
-    """Kill ``proc``, its process group and every process below it. A group kill
-    alone is not enough: MPICH's proxies put themselves in groups of their own."""
-    doomed = descendants(proc.pid)
-    for pid in [proc.pid, *doomed]:
+def kill_tree(proc, patience_s: float = 5.0) -> None:
+    """Kill ``proc``, its process group and every process below it, and return once
+    they are gone. A group kill alone is not enough: MPICH's proxies put themselves
+    in groups of their own. Each is stopped before any is killed, so none forks
+    while we look, nor outlives its killed parent unseen as an orphan."""
+    doomed: list[int] = []
+    while fresh := [pid for pid in [proc.pid, *descendants(proc.pid)] if pid not in doomed]:
+        for pid in fresh:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except OSError:
+                pass
+        doomed += fresh
+    for pid in doomed:
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
@@ -177,6 +187,19 @@ def kill_tree(proc) -> None:
     except OSError:
         pass
     proc.wait()
+    # A killed process takes a moment to exit (unmapping a torch rank's memory, on a busy machine).
+    deadline = time.monotonic() + patience_s
+    while any(_alive(pid) for pid in doomed[1:]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _alive(pid: int) -> bool:
+    """``pid`` exists and has not yet exited (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def descendants(root: int) -> list[int]:

@@ -155,3 +155,31 @@ def test_preloaded_torch_trains_whatever_cache_folder_the_grader_had(hostile, mo
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_the_grader")
     out = hostile("trains", env={"K2C_PRELOAD": "torch,torch._dynamo"}, limits=Limits(timeout_s=60))
     assert out.status == "ok" and out.value == "trained", out.message + out.output
+
+
+def test_one_server_serves_several_submissions_each_on_its_own_copy(tmp_path):
+    """tests/grade_batch.py sends many fixtures through one server: each call sees its own
+    submission's files only, and a forgotten submission's copy is gone."""
+    from autograder.sandbox import Sandbox
+
+    folders = []
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "which.py").write_text(
+            f"import os\ndef which():\n    return {name!r}, sorted(os.listdir(os.path.dirname(__file__)))\n")
+        folders.append(str(tmp_path / name))
+
+    def request(folder):
+        return {"submission": folder, "target": {"kind": "module", "module": "which", "func": "which"},
+                "args": [], "kwargs": {}}
+
+    with Sandbox(folders[0], Limits(timeout_s=20)) as box:
+        assert box.call(request(folders[0])).value == ("first", ["which.py"])
+        server = box._proc.pid
+        assert box.call(request(folders[1])).value == ("second", ["which.py"])
+        assert box._proc.pid == server  # the same server, no restart
+        copy = box._copy_of(folders[1])
+        box.forget(folders[1])
+        assert not os.path.exists(copy)
+        (tmp_path / "second" / "which.py").write_text("def which():\n    return 'changed'\n")
+        assert box.call(request(folders[1])).value == "changed"  # a fresh copy
