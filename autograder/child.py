@@ -176,13 +176,14 @@ def _empty_scratch(run_as: str, folders: list[str]) -> None:
 
 
 def _read_exactly(fd: int, n: int) -> bytes | None:
-    data = b""
-    while len(data) < n:
-        chunk = os.read(fd, n - len(data))
-        if not chunk:
+    data = bytearray(n)  # filled in place: a request of arrays can be tens of MB, read in pipe-sized pieces
+    view, got = memoryview(data), 0
+    while got < n:
+        read = os.readv(fd, [view[got:]])
+        if not read:
             return None
-        data += chunk
-    return data
+        got += read
+    return bytes(data)
 
 
 def serve() -> None:

@@ -263,7 +263,7 @@ class Sandbox:
             )
         os.close(write_end)
         self._replies = read_end
-        self._inbox = b""
+        self._inbox = bytearray()  # grows in place: a reply can be tens of MB
         self._server: set[int] = set()
         if not isinstance(self._wait_for(time.monotonic() + self.START_TIMEOUT_S, watch_memory=False), tuple):
             output = _tail(self._log_path)
@@ -280,8 +280,8 @@ class Sandbox:
             if len(self._inbox) >= REPLY.size:
                 code, length = REPLY.unpack_from(self._inbox)
                 if len(self._inbox) >= REPLY.size + length:
-                    reply = self._inbox[REPLY.size:REPLY.size + length]
-                    self._inbox = self._inbox[REPLY.size + length:]
+                    reply = bytes(self._inbox[REPLY.size:REPLY.size + length])
+                    del self._inbox[:REPLY.size + length]
                     return code, reply
             now = time.monotonic()
             if now > deadline:

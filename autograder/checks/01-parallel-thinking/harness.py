@@ -32,6 +32,14 @@ def parallel_loops(name, *args):
                if any(isinstance(pattern, tuple) and pattern and pattern[0] == "prange" for pattern in parfor.patterns))
 
 
+def histogram_runs(cases, contended, times, loop_args):
+    """parallel_histogram on each case, ``times`` times on the contended input, and its
+    prange loops (``parallel_loops``), all from one compile of its parallel code."""
+    fn = _function("parallel_histogram")
+    return {"cases": [fn(*args) for args in cases], "contended": [fn(*contended) for _ in range(times)],
+            "loops": parallel_loops("parallel_histogram", *loop_args)}
+
+
 def races(name, *args):
     """Races in the function's prange loops, found by recording which iteration
     touches which element (``course.races``): deterministic, unlike a timed run."""
