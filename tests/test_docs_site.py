@@ -2,7 +2,7 @@
 
 The slow tests build ``docs/`` with ``sphinx-build -W --keep-going -b html``
 into a temporary folder (executing the lectures), serve it on 127.0.0.1 and
-open the pages in headless Chromium, so what is checked is the page a reader
+open the pages in one headless Chromium (``tests/devtools.py``), so what is checked is the page a reader
 gets: its <title>, the navigation sidebar, and the figures the lectures drew
 when they ran. The fast tests check how ``docs/conf.py`` finds and mirrors the
 course's notebooks.
@@ -29,6 +29,8 @@ from pathlib import Path
 from urllib.parse import urljoin, urlparse
 
 import pytest
+
+from devtools import Chromium
 
 # One site build serves every test here: keep them in one xdist worker.
 pytestmark = pytest.mark.xdist_group("docs-site")
@@ -189,6 +191,7 @@ class Site:
     base_url: str
     chromium: str
     scratch: Path
+    browser: Chromium
 
     def url(self, page: str) -> str:
         return urljoin(self.base_url, page)
@@ -204,11 +207,11 @@ class Site:
 
     @functools.cache
     def open(self, page: str) -> Page:
+        """The page as Chromium rendered it, in the one browser every page shares (tests/devtools.py)."""
         url = self.url(page)
-        proc = self._browser("--dump-dom", url)
-        assert proc.returncode == 0 and "<html" in proc.stdout, (
-            f"chromium could not render {url} (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
-        return parse_page(url, proc.stdout)
+        dom = self.browser.dom(url)
+        assert "<html" in dom, f"chromium rendered no HTML for {url}: {dom[:300]!r}"
+        return parse_page(url, dom)
 
     def screenshot(self, page: str, out: Path, width: int = 1280, height: int = 1600) -> bytes:
         proc = self._browser(f"--screenshot={out}", f"--window-size={width},{height}",
@@ -276,9 +279,12 @@ def site(tmp_path_factory):
     port = server.server_address[1]
     thread = threading.Thread(target=server.serve_forever, name="docs-http", daemon=True)
     thread.start()
+    browser = Chromium(chromium, CHROMIUM_FLAGS, tempfile.mkdtemp(prefix="chromium-", dir=scratch),
+                       BROWSER_TIMEOUT_S)
     try:
-        yield Site(html_dir, f"http://127.0.0.1:{port}/", chromium, scratch)
+        yield Site(html_dir, f"http://127.0.0.1:{port}/", chromium, scratch, browser)
     finally:
+        browser.close()
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
