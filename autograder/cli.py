@@ -62,8 +62,8 @@ def cmd_grade(args) -> int:
 
 def _grade(args) -> int:
     from autograder import report
-    from autograder.labs import all_labs, find_lab
-    from autograder.runner import grade, resolve_tier
+    from autograder.labs import UsageError, all_labs, find_lab
+    from autograder.runner import NoCheckSelected, grade, resolve_tier
 
     labs = all_labs() if args.lab == "all" else [find_lab(args.lab)]
     if args.list:
@@ -74,9 +74,18 @@ def _grade(args) -> int:
     for lab in labs:
         sys.stderr.write(f"grading {lab.slug} ({tier.upper()} tier, {root}) ")
         sys.stderr.flush()
-        result = grade(lab, root, tier, timeout_s=args.timeout, select=args.k, on_result=_progress)
+        try:
+            result = grade(lab, root, tier, timeout_s=args.timeout, select=args.k, on_result=_progress)
+        except NoCheckSelected:
+            if len(labs) == 1:
+                sys.stderr.write("\n")
+                raise
+            sys.stderr.write("no check matches -k: skipped\n")  # `all -k ring` grades the labs that have one
+            continue
         sys.stderr.write(f" {result.duration_s:.1f} s\n")
         results.append(result)
+    if not results:
+        raise UsageError(f"no check of any lab matches -k {args.k!r}")
     rendered = report.render(results, args.format)
     if args.output:
         write_results(args.output, rendered)

@@ -21,6 +21,10 @@ from course import refuse
 from course.tier import current_tier
 
 
+class NoCheckSelected(UsageError):
+    """``-k`` picks none of the lab's checks."""
+
+
 @dataclass
 class LabResult:
     lab: str
@@ -154,6 +158,9 @@ def _grade_folder(lab, folder, graded, missing, tier, timeout_s, select, on_resu
             code = pytest.main(args, plugins=[plugin])
     finally:
         submission.close()
+    if code == pytest.ExitCode.NO_TESTS_COLLECTED and select:
+        raise NoCheckSelected(f"no check of lab {lab.slug} matches -k {select!r} (k2c grade {lab.number} --list "
+                              "shows their names)")
     if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) and not plugin.results:
         raise UsageError(f"the checks of lab {lab.slug} could not run (pytest exit {int(code)}):\n"
                          + log.getvalue()[-2000:])

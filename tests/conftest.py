@@ -4,6 +4,7 @@ import shutil
 import subprocess
 import sys
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -82,11 +83,22 @@ def make_submission(tmp_path):
     return lambda lab_slug, filename, edits=(): build_submission(tmp_path / lab_slug, lab_slug, filename, edits)
 
 
-def fixture_params(items, ids, kind):
-    """pytest parameters for buggy or alternative fixtures, one xdist group per
-    lab: under ``--dist loadgroup`` a lab's fixtures run in one worker, which
-    grades them all in one batch (``graded_fixture``)."""
-    return [pytest.param(item, id=name, marks=pytest.mark.xdist_group(f"{kind}-{item.lab}"))
+@dataclass(frozen=True)
+class WholeLab:
+    """A whole lab of ``folder`` (``solutions``: the reference; ``labs``: the starter), graded on every check."""
+    lab: str
+    folder: str
+
+    @property
+    def name(self) -> str:
+        return self.folder
+
+
+def fixture_params(items, ids):
+    """pytest parameters for fixtures (buggy, alternative, WholeLab), one xdist
+    group per lab: under ``--dist loadgroup`` a lab's fixtures run in one worker,
+    which grades them all in one batch (``graded_fixture``)."""
+    return [pytest.param(item, id=name, marks=pytest.mark.xdist_group(f"lab-{item.lab}"))
             for item, name in zip(items, ids)]
 
 
@@ -100,12 +112,24 @@ def grade_batch(jobs, work: Path) -> list[dict]:
     return json.loads(out.read_text())
 
 
+def _job(item, folder: Path) -> dict:
+    """What grade_batch.py grades for a fixture: the edited reference on its grade_args, or a whole lab."""
+    if isinstance(item, WholeLab):
+        return {"lab": item.lab, "select": None, "submission": str(REPO / item.folder)}
+    return {"lab": item.lab, "select": dict(zip(item.grade_args[::2], item.grade_args[1::2])).get("-k"),
+            "submission": str(build_submission(folder / item.lab, item.lab, item.file, item.edits))}
+
+
 @pytest.fixture(scope="session")
 def graded_fixture(request, tmp_path_factory):
     """``report(fixture)``: the JSON report of a buggy or alternative fixture
-    (``tests/fixtures``), graded on its ``grade_args``. The first fixture of a lab
-    asked for grades, in one grader process, every fixture of the same kind and
-    lab that this session's selected tests hold (under xdist, its group's)."""
+    (``tests/fixtures``, graded on its ``grade_args``) or of a ``WholeLab``. The
+    first fixture of a lab asked for grades, in one grader process, every fixture
+    of that lab that this session's selected tests hold (under xdist, its group's):
+    a grader process and its sandbox server per lab, not per fixture."""
+    from fixtures.alternative import Alternative
+    from fixtures.buggy import Bug
+
     reports = {}
 
     def key(item):
@@ -116,14 +140,12 @@ def graded_fixture(request, tmp_path_factory):
             batch = []
             for test in request.session.items:
                 item = getattr(test, "callspec", None) and next(
-                    (v for v in test.callspec.params.values() if type(v) is type(wanted)), None)
+                    (v for v in test.callspec.params.values() if isinstance(v, (Bug, Alternative, WholeLab))), None)
                 if item is not None and item.lab == wanted.lab and key(item) not in reports \
                         and item not in batch:
                     batch.append(item)
             work = tmp_path_factory.mktemp(f"batch-{wanted.lab[:2]}")
-            jobs = [{"lab": item.lab, "select": dict(zip(item.grade_args[::2], item.grade_args[1::2])).get("-k"),
-                     "submission": str(build_submission(work / f"{n}" / item.lab, item.lab, item.file, item.edits))}
-                    for n, item in enumerate(batch)]
+            jobs = [_job(item, work / f"{n}") for n, item in enumerate(batch)]
             for item, got in zip(batch, grade_batch(jobs, work)):
                 reports[key(item)] = got
         got = reports[key(wanted)]

@@ -12,7 +12,7 @@ ALTERNATIVES, IDS = fixtures("alternative_*", "ALTERNATIVES")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("alt", fixture_params(ALTERNATIVES, IDS, "alternatives"))
+@pytest.mark.parametrize("alt", fixture_params(ALTERNATIVES, IDS))
 def test_alternative_scores_full_marks(alt, graded_fixture):
     report = graded_fixture(alt)
     lost = {t["name"]: t["feedback"] for t in report["tests"] if t["status"] not in ("passed", "skipped")}

@@ -12,7 +12,7 @@ BUGS, IDS = fixtures("buggy*", "BUGS")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bug", fixture_params(BUGS, IDS, "bugs"))
+@pytest.mark.parametrize("bug", fixture_params(BUGS, IDS))
 def test_bug_is_caught(bug, graded_fixture):
     report = graded_fixture(bug)
     got = statuses(report)

@@ -1,19 +1,24 @@
-"""The grader end to end, through the k2c command line."""
+"""The grader end to end: the k2c command line, and whole labs graded with their fixtures (conftest)."""
 import json
 import os
 import xml.etree.ElementTree as ET
 
 import pytest
 
-from conftest import REPO, grade_json, k2c, statuses
+from conftest import REPO, WholeLab, fixture_params, grade_json, k2c, statuses
 
 LABS = sorted(p.parent.name for p in (REPO / "autograder" / "checks").glob("*/lab.toml"))
 
 
+def whole_labs(folder):
+    return fixture_params([WholeLab(lab, folder) for lab in LABS], LABS)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("lab", LABS)
-def test_reference_scores_full_marks(lab):
-    report, proc = grade_json(REPO / "solutions", lab)
+@pytest.mark.parametrize("lab", whole_labs("solutions"))
+def test_reference_scores_full_marks(lab, graded_fixture):
+    # Graded with the lab's fixtures, in one grader process (conftest's graded_fixture), as `k2c grade` would.
+    report = graded_fixture(lab)
     assert report["tier"] == "cpu"
     assert report["score"] == report["max_score"] > 0, statuses(report)
     skipped = [t for t in report["tests"] if t["status"] == "skipped"]
@@ -21,19 +26,30 @@ def test_reference_scores_full_marks(lab):
 
 
 @pytest.mark.slow
-def test_starters_score_zero_with_clear_messages(tmp_path):
-    proc = k2c("grade", "all", "--submission", REPO / "labs", "--format", "json", "-o", tmp_path / "report.json")
-    assert proc.returncode == 0, proc.stderr
-    assert "Traceback" not in proc.stdout + proc.stderr
-    assert "Scoreboard" in proc.stdout and "total" in proc.stdout  # the text table still goes to stdout
-    report = json.loads((tmp_path / "report.json").read_text())
-    assert report["score"] == 0 and len(report["labs"]) == len(LABS)
+@pytest.mark.parametrize("lab", whole_labs("labs"))
+def test_starter_scores_zero_with_clear_messages(lab, graded_fixture):
+    report = graded_fixture(lab)
+    assert report["score"] == 0 and report["tests"]
     # Every check fails with its stub's message, none with an error of the grader's or a skip it should not have.
-    unclear = {f"{lab['lab']}: {t['name']}": f"{t['status']}: {t['feedback'][:200]}"
-               for lab in report["labs"] for t in lab["tests"]
+    unclear = {t["name"]: f"{t['status']}: {t['feedback'][:200]}" for t in report["tests"]
                if not (t["status"] == "failed" and t["feedback"].startswith("not implemented yet"))
                and not (t["status"] == "skipped" and "GPU tier" in t["feedback"])}
     assert not unclear, unclear
+
+
+def test_grade_all_prints_a_scoreboard_of_the_labs_that_have_a_matching_check(tmp_path):
+    proc = k2c("grade", "all", "--submission", REPO / "labs", "--format", "json", "-o", tmp_path / "report.json",
+               "-k", "launch_config or fit_amdahl")
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "Scoreboard" in proc.stdout and "total" in proc.stdout  # the text table still goes to stdout
+    assert "13-hybrid-parallel (CPU tier, " in proc.stderr and "no check matches -k: skipped" in proc.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [lab["lab"] for lab in report["labs"]] == ["01-parallel-thinking", "02-cuda-model"]
+    assert report["score"] == 0 and all(t["feedback"].startswith("not implemented yet")
+                                        for lab in report["labs"] for t in lab["tests"])
+    proc = k2c("grade", "all", "-k", "no_such_check")
+    assert proc.returncode == 2 and "no check of any lab matches -k 'no_such_check'" in proc.stderr
 
 
 HOSTILE_EDITS = (
