@@ -16,11 +16,32 @@ depend on its strategies: for each stage and number of layers only its
 fastest fitting choice of strategies can be in a best plan. ``best_plan``
 therefore enumerates every cut of the layers into stages, with each stage's
 fastest fitting choice found by trying every count of strategies.
+
+The searches take seconds on 8 devices and their answers depend only on their
+arguments, so each is computed once per grader process (``remembered``): the
+module is loaded once per process (``load_beside``), and a batch of gradings
+asks the same questions.
 """
+import copy
+import functools
 import itertools
+import json
 import math
 
 STRATEGIES = ("none", "selective", "full")
+
+
+def remembered(search):
+    """``search(model, cluster, budget)``, computed once per distinct arguments (plain data)."""
+    answers = {}
+
+    @functools.wraps(search)
+    def remembering(*args):
+        key = json.dumps(args, sort_keys=True)
+        if key not in answers:
+            answers[key] = search(*args)
+        return copy.deepcopy(answers[key])
+    return remembering
 
 
 def compositions(total, parts):
@@ -185,6 +206,7 @@ def _count_vectors(n):
             yield (n - full - selective, selective, full)
 
 
+@remembered
 def best_plan(model, cluster, budget):
     """(time, plan) of a fastest plan that fits, or (inf, None): every shape, ZeRO
     stage, schedule and cut, each stage with its fastest fitting strategy counts."""
@@ -219,6 +241,7 @@ def best_plan(model, cluster, budget):
     return best
 
 
+@remembered
 def best_uniform_plan(model, cluster, budget):
     """(time, plan): the fastest fitting plan with the layers cut as evenly as they go
     (the first stages one more) and one strategy for every layer: a floor for a
