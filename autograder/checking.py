@@ -183,7 +183,8 @@ def expect_compiled(compiled: dict, name: str, metrics: dict | None = None, note
 
 
 def run_cases(start_job, cases, ranks, merge, *, stem=str, name=str, explain=None, after_hang=None) -> dict:
-    """``{name(case): outcome}`` for every case, on ``ranks`` processes, in as few jobs as it can.
+    """``{name(case): outcome}`` for every case, on ``ranks`` processes (or
+    ``ranks(case)``, the ranks that save a record of it), in as few jobs as it can.
 
     Starting processes (MPI ranks, torch workers) is the slow part on a small
     machine, so one job runs many cases. ``start_job(pending, folder)`` starts
@@ -211,7 +212,8 @@ def run_cases(start_job, cases, ranks, merge, *, stem=str, name=str, explain=Non
             job = start_job(pending, folder)
             rest = []
             for case in pending:
-                files = [Path(folder) / f"{stem(case)}.{rank}.pkl" for rank in range(ranks)]
+                files = [Path(folder) / f"{stem(case)}.{rank}.pkl"
+                         for rank in range(ranks(case) if callable(ranks) else ranks)]
                 if all(f.exists() for f in files):
                     outcomes[name(case)] = merge([pickle.loads(f.read_bytes()) for f in files])
                 else:

@@ -10,8 +10,9 @@ chain of communication steps (``rounds``) is the α term of each cost.
 
 p in {2, 3, 4, 5, 8}, oversubscribed on however many cores there are; sizes
 below p, not divisible by p, and one (1001) large enough for the cost checks.
-Every algorithm the selected checks read runs in one MPI job per p (see the
-harness), cached for the whole grading run. Both tiers grade the same way:
+Every algorithm the selected checks read runs in one MPI job of 8 ranks, each
+p on a communicator of its first p ranks (see the harness), cached for the
+whole grading run. Both tiers grade the same way:
 this lab has no GPU part.
 """
 import math
@@ -38,9 +39,9 @@ def _selected(request):
     return tuple(name for name in ALGORITHMS if name in names)
 
 
-def _job(submission, p, names):
-    """The outcome of every algorithm in ``names`` on p ranks, computed once per grading run."""
-    return submission.harness_once(("collective_job", p, names), "collective_job", p, names)
+def _job(submission, names):
+    """The outcome of every algorithm in ``names`` on every p ("name@p"), computed once per grading run."""
+    return submission.harness_once(("collective_job", names), "collective_job", PS, names)
 
 
 def _cases(submission, request, name, ps=PS):
@@ -49,7 +50,7 @@ def _cases(submission, request, name, ps=PS):
     names = _selected(request)
     names = names if name in names else ALGORITHMS  # a check this file does not name as above: run them all
     for p in ps:
-        outcome = _job(submission, p, names)[name]
+        outcome = _job(submission, names)[f"{name}@{p}"]
         status, message = outcome["status"], outcome.get("message", "")
         if status == "ok":
             found[p] = outcome["cases"]

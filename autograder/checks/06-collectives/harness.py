@@ -1,8 +1,9 @@
 """Grader code that runs next to the student's ``collectives`` in the sandbox.
 
-``collective_job(p)`` runs every algorithm of the lab, at every size, in as
-few MPI jobs of ``p`` ranks as it can (starting ranks is the slow part on a
-small machine). On every rank, ``rank_side`` calls the student's function on
+``collective_job(ps)`` runs every algorithm of the lab, at every size, for
+every p, in as few MPI jobs as it can: starting ranks is the slow part on a
+small machine, so one job of max(ps) ranks runs them all, each p on a
+communicator split off its first p ranks. On every rank, ``rank_side`` calls the student's function on
 an audited communicator (``course.mpi_audit.AuditComm``, synchronous sends so
 a send order that only works while MPI buffers small messages deadlocks at
 any size), then MPI's own collective on the raw communicator with the same
@@ -30,7 +31,7 @@ from course.mpi_audit import COLLECTIVES, AuditComm, rounds, totals
 ALGORITHMS = ("bcast_binomial", "reduce_binomial", "allreduce_ring", "allreduce_recursive_doubling",
               "allgather_ring", "reduce_scatter_ring", "alltoall_pairwise")
 SEED = 2026
-JOB_TIMEOUT_S = 20  # a correct job of 8 oversubscribed ranks takes 1-3 s on 2 cores; this is for deadlocks
+JOB_TIMEOUT_S = 30  # a correct job (every algorithm, every p, on 8 oversubscribed ranks) takes 3-4 s on 2 cores; this is for deadlocks
 
 
 def cases(name, p):
@@ -105,28 +106,50 @@ def _compare(got, want, rank):
     return None
 
 
-def rank_side(comm, names, folder):
-    """Every rank: run each named algorithm on every case; write a file per algorithm."""
+def rank_side(comm, pending, folder):
+    """Every rank: run each pending (algorithm, p) case on the first p ranks; write a file per case.
+
+    The cases come grouped by p: for each p the first p ranks split off a
+    communicator of their own (the student's functions see only it), the others
+    wait at the next split."""
+    from mpi4py import MPI
+
     import collectives as student
 
-    p, rank = comm.Get_size(), comm.Get_rank()
-    for name in names:
-        record = {"status": "ok", "cases": []}
-        dup = comm.Dup()  # a context of its own: a stray message cannot reach the next algorithm
-        try:
-            for n, root in cases(name, p):
-                audited = AuditComm(dup, synchronous_sends=True)
-                got, want = _run_case(comm, audited, student, name, n, root)
-                logs = comm.gather(audited.log, root=0)
-                case = {"n": n, "root": root, "mismatch": _compare(got, want, rank), "totals": totals(audited.log)}
-                if rank == 0:
-                    case["rounds"] = rounds(logs)
-                record["cases"].append(case)
-        except NotImplementedError as exc:  # a stub raises on every rank before sending anything
-            record = {"status": "not_implemented", "message": str(exc)}
-        dup.Free()
-        save_record(folder, name, rank, record)
+    rank = comm.Get_rank()
+    for p in dict.fromkeys(q for _, q in pending):  # in order, once each
+        group = comm.Split(0 if rank < p else MPI.UNDEFINED, rank)
+        if group == MPI.COMM_NULL:
+            continue
+        for name in [name for name, q in pending if q == p]:
+            save_record(folder, _stem((name, p)), rank, _algorithm_record(group, student, name))
+        group.Free()
     return None
+
+
+def _algorithm_record(comm, student, name):
+    """This rank's record of one algorithm on every case of ``comm``'s size."""
+    p, rank = comm.Get_size(), comm.Get_rank()
+    record = {"status": "ok", "cases": []}
+    dup = comm.Dup()  # a context of its own: a stray message cannot reach the next algorithm
+    try:
+        for n, root in cases(name, p):
+            audited = AuditComm(dup, synchronous_sends=True)
+            got, want = _run_case(comm, audited, student, name, n, root)
+            logs = comm.gather(audited.log, root=0)
+            case = {"n": n, "root": root, "mismatch": _compare(got, want, rank), "totals": totals(audited.log)}
+            if rank == 0:
+                case["rounds"] = rounds(logs)
+            record["cases"].append(case)
+    except NotImplementedError as exc:  # a stub raises on every rank before sending anything
+        record = {"status": "not_implemented", "message": str(exc)}
+    dup.Free()
+    return record
+
+
+def _stem(case):
+    name, p = case
+    return f"{name}@{p}"
 
 
 def _merge(records):
@@ -144,19 +167,24 @@ def _merge(records):
     return {"status": "ok", "cases": merged}
 
 
-def collective_job(p, names=ALGORITHMS):
-    """{algorithm: outcome} for ``p`` ranks; see the module docstring."""
+def collective_job(ps, names=ALGORITHMS):
+    """{"algorithm@p": outcome} for every algorithm on every p; see the module docstring."""
     offences = source_offences()
     outcomes = {}
     pending = []
-    for name in names:
-        found = offences.get(name, []) + offences.get("<module>", [])
-        if found:
-            outcomes[name] = {"status": "refused", "message": "; ".join(found)}
-        else:
-            pending.append(name)
-    start = lambda names, folder: mpi.run(f"{__file__}:rank_side", p, names, folder, timeout=JOB_TIMEOUT_S)
-    outcomes.update(run_cases(start, pending, p, _merge, explain=lambda job: _one_line(job.explain())))
+    for p in ps:
+        for name in names:
+            found = offences.get(name, []) + offences.get("<module>", [])
+            if found:
+                outcomes[_stem((name, p))] = {"status": "refused", "message": "; ".join(found)}
+            else:
+                pending.append((name, p))
+
+    def start(pending, folder):
+        return mpi.run(f"{__file__}:rank_side", max(p for _, p in pending), pending, folder,
+                       timeout=JOB_TIMEOUT_S)
+    outcomes.update(run_cases(start, pending, lambda case: case[1], _merge, stem=_stem, name=_stem,
+                              explain=lambda job: _one_line(job.explain())))
     return outcomes
 
 
