@@ -11,8 +11,8 @@ chain of communication steps (``rounds``) is the α term of each cost.
 p in {2, 3, 4, 5, 8}, oversubscribed on however many cores there are; sizes
 below p, not divisible by p, and one (1001) large enough for the cost checks.
 Every algorithm the selected checks read runs in one MPI job of 8 ranks, each
-p on a communicator of its first p ranks (see the harness), cached for the
-whole grading run. Both tiers grade the same way:
+p on a communicator of the job's first p ranks (see the harness), cached for
+the whole grading run. Both tiers grade the same way:
 this lab has no GPU part.
 """
 import math
@@ -40,8 +40,11 @@ def _selected(request):
 
 
 def _job(submission, names):
-    """The outcome of every algorithm in ``names`` on every p ("name@p"), computed once per grading run."""
-    return submission.harness_once(("collective_job", names), "collective_job", PS, names)
+    """The outcome of every algorithm in ``names`` on every p ("name@p"), computed once per grading
+    run. The powers of two go first: an algorithm that hangs is not run at any later p (the call's
+    time limit holds one hang per algorithm), and a recursive doubling that hangs only where it
+    folds then still has its powers of two graded."""
+    return submission.harness_once(("collective_job", names), "collective_job", POWERS_OF_TWO + OTHER_PS, names)
 
 
 def _cases(submission, request, name, ps=PS):

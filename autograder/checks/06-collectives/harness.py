@@ -1,16 +1,16 @@
 """Grader code that runs next to the student's ``collectives`` in the sandbox.
 
 ``collective_job(ps)`` runs every algorithm of the lab, at every size, for
-every p, in as few MPI jobs as it can: starting ranks is the slow part on a
-small machine, so one job of max(ps) ranks runs them all, each p on a
-communicator split off its first p ranks. On every rank, ``rank_side`` calls the student's function on
+every p of ``ps``, in as few MPI jobs as it can: starting ranks is the slow
+part on a small machine, so one job of max(ps) ranks runs them all, each p on
+a communicator split off its first p ranks. On every rank, ``rank_side`` calls the student's function on
 an audited communicator (``course.mpi_audit.AuditComm``, synchronous sends so
 a send order that only works while MPI buffers small messages deadlocks at
 any size), then MPI's own collective on the raw communicator with the same
 inputs as the oracle. Each rank writes what it saw to a file per algorithm as
 soon as that algorithm is done, so when a job hangs or a rank raises, the
-files say which algorithm it was; the algorithms after it run again in a new
-job without it. A stub (``NotImplementedError`` on every rank before any
+files say which algorithm it was; the cases after it run again in a new job
+without it (and, after a hang, without that algorithm's other p). A stub (``NotImplementedError`` on every rank before any
 message) is recorded and skipped within the same job.
 
 What comes back is plain data: per case, which ranks got a wrong answer
@@ -31,7 +31,7 @@ from course.mpi_audit import COLLECTIVES, AuditComm, rounds, totals
 ALGORITHMS = ("bcast_binomial", "reduce_binomial", "allreduce_ring", "allreduce_recursive_doubling",
               "allgather_ring", "reduce_scatter_ring", "alltoall_pairwise")
 SEED = 2026
-JOB_TIMEOUT_S = 30  # a correct job (every algorithm, every p, on 8 oversubscribed ranks) takes 3-4 s on 2 cores; this is for deadlocks
+JOB_TIMEOUT_S = 20  # a correct job (every algorithm at every p, 8 oversubscribed ranks) takes 3-4 s on 2 cores; for deadlocks
 
 
 def cases(name, p):
@@ -183,9 +183,19 @@ def collective_job(ps, names=ALGORITHMS):
     def start(pending, folder):
         return mpi.run(f"{__file__}:rank_side", max(p for _, p in pending), pending, folder,
                        timeout=JOB_TIMEOUT_S)
+    # A hung algorithm would most likely hang at the next p too, and each hang costs a whole job
+    # timeout: the call's own limit (150 s) holds one hang per algorithm (7 x 20 s), not one per case.
+    same_algorithm = lambda hung, pending: [case for case in pending if case[0] == hung[0]]
     outcomes.update(run_cases(start, pending, lambda case: case[1], _merge, stem=_stem, name=_stem,
-                              explain=lambda job: _one_line(job.explain())))
+                              explain=_explain, after_hang=same_algorithm))
     return outcomes
+
+
+def _explain(job):
+    if job.status == "timeout":  # which ranks never finished says nothing: those above p wait at the next split
+        return (f"timed out after {job.timeout_s:g} s: likely deadlock; every rank was stopped. A blocking send "
+                "or receive that no other rank matches waits forever")
+    return _one_line(job.explain())
 
 
 def _one_line(message):
