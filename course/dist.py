@@ -10,7 +10,10 @@
 this environment) that imports torch and then forks the ``n`` ranks: importing
 torch takes seconds, so a job pays it once, not once per rank. Where this
 process has imported torch already and runs no other thread (the grader's
-sandbox preloads it), it forks that process instead, and a job pays nothing. Rank 0 opens a rendezvous store on a free loopback port
+sandbox preloads it), it forks that process instead, and a job pays nothing.
+A notebook's kernel cannot fork (it runs threads), so its first job starts a
+process that imports torch and stays (``_Launchpad``); that one forks every
+later job's ranks, and a notebook pays the import once. Rank 0 opens a rendezvous store on a free loopback port
 (the operating system picks it, so parallel jobs never collide) and tells the
 others where it is; each process then joins the default process group — gloo
 on the CPU, NCCL when every rank can have a GPU of its own — and calls
@@ -34,16 +37,19 @@ interpreter that cannot see the notebook's ``__main__`` (this is also why
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import pickle
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
-from course.jobs import Job, JobError, call_and_reply, kill_tree, load_target, target_name, worker_env
+from course import refuse
+from course.jobs import Job, JobError, alive, call_and_reply, kill_tree, load_target, target_name, worker_env
 
 DistJob, DistJobError = Job, JobError
 HOST = "127.0.0.1"
@@ -68,6 +74,8 @@ def run(target, n: int, *args, timeout: float = 60, backend: str = "auto", **kwa
             # they started) cannot touch the caller.
             if _can_fork_here():
                 forker = _Forked(folder, n, env, out)
+            elif _in_notebook():
+                forker = _Launchpad.for_env(env).launch(folder, n, env, log)
             else:
                 forker = subprocess.Popen([sys.executable, "-m", "course.dist", folder, str(n)], env=env,
                                           stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -134,6 +142,119 @@ class _Forked:
         if self.returncode is None:
             self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
         return self.returncode
+
+
+def _in_notebook() -> bool:
+    """Whether this is a Jupyter kernel, which runs several jobs and cannot fork (its threads).
+    Only the kernel's own shell says so: ipykernel is imported elsewhere too (pytest's nbval plugin)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
+
+
+class _Launchpad:
+    """For a notebook: one process that has imported torch (``python -m course.dist
+    --launchpad``) and forks each job's forker, so a notebook pays the import once,
+    not once per job. It reads one job per line on stdin and ends when the kernel
+    closes that pipe, by exiting or dying. A job's forker gets the job's own
+    environment, working folder and ``sys.path``."""
+
+    _current: "_Launchpad | None" = None
+
+    @classmethod
+    def for_env(cls, env: dict) -> "_Launchpad":
+        key = (sys.executable, env.get(refuse.ENV), env.get("OMP_NUM_THREADS"))
+        current = cls._current
+        if current is None or current.key != key or current.proc.poll() is not None:
+            if current is not None:
+                current.close()
+            cls._current = cls(key, env)
+        return cls._current
+
+    def __init__(self, key, env: dict):
+        self.key, self.lock = key, threading.Lock()
+        self.proc = subprocess.Popen([sys.executable, "-m", "course.dist", "--launchpad"], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
+
+    def launch(self, folder: str, n: int, env: dict, log: Path) -> "_Launched":
+        request = {"folder": folder, "n": n, "env": env, "cwd": os.getcwd(), "log": str(log)}
+        with self.lock:  # jobs started from several threads take turns at the pipe
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.flush()
+            reply = self.proc.stdout.readline()  # the forker's pid, once torch is loaded (the first job waits)
+        if not reply.strip().isdigit():
+            raise RuntimeError(f"course.dist's launchpad ended before it started the job (exit {self.proc.poll()})")
+        return _Launched(int(reply))
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+
+class _Launched:
+    """A forker the launchpad started (its child, not ours), with the little of
+    ``subprocess.Popen`` that ``run`` uses; its exit code is not ours to read,
+    and ``run`` reads the ranks' own."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode = None
+
+    def poll(self):
+        if self.returncode is None and not alive(self.pid):
+            self.returncode = 0
+        return self.returncode
+
+    def wait(self):
+        while self.poll() is None:
+            time.sleep(0.01)
+        return self.returncode
+
+
+def _launchpad_main() -> None:
+    """``python -m course.dist --launchpad``: import torch, then fork a forker per line of stdin."""
+    refuse.install_from_env()  # before torch, as in a job's own interpreter
+    import torch  # noqa: F401
+    import torch.distributed  # noqa: F401
+    import torch._dynamo  # noqa: F401
+
+    def reap(*_):
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            pass
+
+    signal.signal(signal.SIGCHLD, reap)
+    base_path = list(sys.path)
+    for line in sys.stdin:
+        request = json.loads(line)
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                os.setsid()
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+                log = os.open(request["log"], os.O_WRONLY | os.O_APPEND)
+                os.dup2(log, 1)
+                os.dup2(log, 2)
+                os.environ.clear()
+                os.environ.update(request["env"])
+                os.chdir(request["cwd"])
+                wanted = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+                sys.path[:] = [request["cwd"], *wanted, *(p for p in base_path if p not in wanted)]
+                _forker_main(request["folder"], request["n"], fresh=False)
+            finally:
+                os._exit(1)
+        sys.stdout.write(f"{pid}\n")
+        sys.stdout.flush()
+    os._exit(0)  # the kernel has gone: no interpreter teardown, which torch makes slow
 
 
 def _signal_name(number: int) -> str:
@@ -293,4 +414,7 @@ def _store_barrier(store, key, n):
 
 
 if __name__ == "__main__":
-    _forker_main(sys.argv[1], int(sys.argv[2]))
+    if sys.argv[1:] == ["--launchpad"]:
+        _launchpad_main()
+    else:
+        _forker_main(sys.argv[1], int(sys.argv[2]))

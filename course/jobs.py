@@ -189,11 +189,11 @@ def kill_tree(proc, patience_s: float = 5.0) -> None:
     proc.wait()
     # A killed process takes a moment to exit (unmapping a torch rank's memory, on a busy machine).
     deadline = time.monotonic() + patience_s
-    while any(_alive(pid) for pid in doomed[1:]) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in doomed[1:]) and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """``pid`` exists and has not yet exited (a zombie has)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
