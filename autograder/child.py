@@ -197,6 +197,16 @@ def serve() -> None:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - a call that needs it meets the same error itself
             pass
+    if os.environ.get("K2C_TIER") == "cpu" and os.environ.get("NUMBA_ENABLE_CUDASIM") == "0" \
+            and "numba.cuda" in sys.modules:
+        # The CPU tier's compiling server (Submission.compiling): its calls compile kernels for a
+        # real GPU, and each would load the compiler again. No device is touched: there is none.
+        from course import gpu_compile
+
+        try:
+            gpu_compile.warm_up()
+        except Exception:  # noqa: BLE001 - as above: the calls meet the error themselves
+            pass
     os.chdir("/")
     out = os.fdopen(result_fd, "wb", buffering=0)
     out.write(REPLY.pack(0, 0))  # ready
