@@ -13,7 +13,9 @@ process has imported torch already and runs no other thread (the grader's
 sandbox preloads it), it forks that process instead, and a job pays nothing.
 A notebook's kernel cannot fork (it runs threads), so its first job starts a
 process that imports torch and stays (``_Launchpad``); that one forks every
-later job's ranks, and a notebook pays the import once. Rank 0 opens a rendezvous store on a free loopback port
+later job's ranks, and a notebook pays the import once.
+
+Rank 0 opens a rendezvous store on a free loopback port
 (the operating system picks it, so parallel jobs never collide) and tells the
 others where it is; each process then joins the default process group — gloo
 on the CPU, NCCL when every rank can have a GPU of its own — and calls
