@@ -14,20 +14,16 @@ INSTALLED_DEV := $(VENV)/.installed-dev
 grade: $(INSTALLED)
 	$(BIN)/k2c grade $(LAB) --submission $(SUBMISSION)
 
-# pytest-xdist, one worker more than the cores: a share of the tests waits (for a
-# deadlock's timeout, a job's processes, a poll), and the extra worker keeps the
-# cores busy meanwhile. Notebooks one file per worker (their cells run in order),
-# then tests one by one (the docs-site tests share one build, and a lab's
-# fixtures one grader process); the slowest 25 tests (and 10 slowest cells) are
-# listed at the end of each run.
+# pytest-xdist, one worker per core: notebooks one file per worker (their cells
+# run in order), then tests one by one (the docs-site tests share one build, and
+# a lab's buggy or alternative fixtures one grader process); the slowest 25
+# tests (and 10 slowest cells) are listed at the end of each run.
 # The notebooks go first: the docs site shows the lectures as nbval just ran them
 # (course/executed.py) instead of running them again.
-WORKERS ?= $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)) + 1 if hasattr(os, 'sched_getaffinity') else os.cpu_count() + 1)")
-
 test: $(INSTALLED_DEV)
 	$(BIN)/k2c sync --check
-	$(BIN)/python -m pytest course/lectures solutions --nbval-lax --nbval-current-env -n $(WORKERS) --dist loadfile --durations=10
-	$(BIN)/python -m pytest tests -n $(WORKERS) --dist loadgroup --durations=25
+	$(BIN)/python -m pytest course/lectures solutions --nbval-lax --nbval-current-env -n auto --dist loadfile --durations=10
+	$(BIN)/python -m pytest tests -n auto --dist loadgroup --durations=25
 
 docs: $(INSTALLED_DEV)
 	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
