@@ -68,12 +68,15 @@ def test_a_deadlock_costs_its_case_only_and_leaves_no_process(make_submission, o
         "        world = dist.get_world_size(self.group)\n        if dist.get_rank() == 1:\n"
         "            dist.recv(torch.zeros(1), src=0)  # a message rank 0 never sends\n"
         "        for param in self.module.parameters():\n")])
-    outcome, elapsed = _ddp_job(folder, job_timeout=20)  # the rerun after the hang gets 20 s too: room for a busy machine
+    # The rerun of the other cases after the hang gets 30 s too: room for a busy machine (CI once
+    # saw one of them time out at 20 s while lab batches ran beside it).
+    outcome, elapsed = _ddp_job(folder, job_timeout=30)
     assert outcome.status == "ok", outcome
     naive = outcome.value["naive"]
     assert naive["status"] == "timeout" and "likely deadlock" in naive["message"], naive
-    assert all(v["status"] == "ok" for k, v in outcome.value.items() if not k.startswith("naive")), outcome.value
-    assert 20 <= elapsed < 90
+    others = {k: v["status"] for k, v in outcome.value.items() if not k.startswith("naive")}
+    assert set(others.values()) == {"ok"}, {k: outcome.value[k] for k, s in others.items() if s != "ok"}
+    assert 30 <= elapsed < 110
     time.sleep(0.5)
     assert our_processes() == []
 
