@@ -158,6 +158,10 @@ def test_spearman_as_the_ranking_check_says():
     assert two_swaps == pytest.approx(1 - 6 * 4 / 210) and two_swaps >= hybrid_checks.MIN_SPEARMAN
     assert swapped_two_apart == pytest.approx(1 - 6 * 8 / 210) and swapped_two_apart < hybrid_checks.MIN_SPEARMAN
     assert math.isnan(fits.spearman([1, 1, 1, 1, 1, 1], [1, 2, 3, 4, 5, 6]))
+    # retimed: one plan measured four places too slow; not retimed: the model's ranking upside down
+    four_places_slow = fits.spearman([1, 2, 3, 4, 5, 6], [5, 1, 2, 3, 4, 6])
+    assert hybrid_checks.RETIME_ABOVE <= four_places_slow < hybrid_checks.MIN_SPEARMAN
+    assert fits.spearman([6, 5, 4, 3, 2, 1], [1, 2, 3, 4, 5, 6]) < hybrid_checks.RETIME_ABOVE
     assert fits.ranks([3, 1, 3, 2]) == [3.5, 1, 3.5, 2]
 
 

@@ -4,6 +4,8 @@ CPU tier: the CUDA simulator, at sizes that are not multiples of the block.
 GPU tier: the same checks at sizes that fill the device, and the saxpy kernel's
 bandwidth as a ratio of a device-to-device copy measured in the same run.
 """
+import functools
+
 import numpy as np
 import pytest
 
@@ -19,6 +21,12 @@ SIGNATURES = {"relu_kernel": "void(float32[:], float32[:])",
 
 def _floats(n, seed=SEED):
     return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+
+
+@functools.lru_cache(maxsize=4)
+def _device_floats(seed):
+    """10_000_019 random floats: a GPU-tier input, made when that tier asks for it."""
+    return _floats(10_000_019, seed)
 
 
 def _require_compiles(submission, kernel):
@@ -161,9 +169,11 @@ def check_broadcast_add_thread_mapping(submission):
 
 def _host(submission, tier, func, args, config_sizes, device_args=None):
     """The host function run in the simulator (what it returns and how it
-    launched), and on the GPU tier its result at device size as well."""
+    launched), and on the GPU tier its result at device size as well, on the
+    arguments ``device_args()`` makes (only there: 10^7 random floats take 0.2 s
+    each to make)."""
     run = submission.in_simulator().harness("host_launches", func, config_sizes, *args)
-    device = submission.harness(f"host_{func}", *device_args) if tier == "gpu" and device_args else None
+    device = submission.harness(f"host_{func}", *device_args()) if tier == "gpu" and device_args else None
     return run, device
 
 
@@ -185,13 +195,13 @@ def check_host_relu(submission, tier):
     _require_compiles(submission, "relu_kernel")
     x = _floats(777, SEED + 6)
     x[-1] = 1 + abs(x[-1])  # relu's 0 would pass for an unwritten last element, where new memory is zeros
-    run, device = _host(submission, tier, "relu", (x, 64), [(777, 64)], (_floats(10_000_019, SEED + 6), 64))
+    run, device = _host(submission, tier, "relu", (x, 64), [(777, 64)], lambda: (_device_floats(SEED + 6), 64))
     expect_array(run["value"], np.maximum(x, 0), "relu(x)")
     blocks, threads = run["configs"][0]
     _expect_launches(run, "relu_kernel", (blocks, 1, 1), (threads, 1, 1),
                      f"launch_config(777, 64) = ({blocks}, {threads}) is (blocks, threads per block)")
     if device is not None:
-        expect_array(device, np.maximum(_floats(10_000_019, SEED + 6), 0), "relu(x) on the GPU")
+        expect_array(device, np.maximum(_device_floats(SEED + 6), 0), "relu(x) on the GPU")
 
 
 @pytest.mark.points(1)
@@ -199,14 +209,15 @@ def check_host_saxpy(submission, tier):
     """saxpy() launches saxpy_kernel once, with launch_config's blocks and threads, and returns a*x + y"""
     _require_compiles(submission, "saxpy_kernel")
     x, y = _floats(555, SEED + 7), _floats(555, SEED + 8)
-    big = (_floats(10_000_019, SEED + 7), _floats(10_000_019, SEED + 8))
-    run, device = _host(submission, tier, "saxpy", (-1.5, x, y, 128), [(555, 128)], (-1.5, *big, 128))
+    run, device = _host(submission, tier, "saxpy", (-1.5, x, y, 128), [(555, 128)],
+                        lambda: (-1.5, _device_floats(SEED + 7), _device_floats(SEED + 8), 128))
     expect_array(run["value"], np.float32(-1.5) * x + y, "saxpy(a, x, y)", atol=1e-6)
     blocks, threads = run["configs"][0]
     _expect_launches(run, "saxpy_kernel", (blocks, 1, 1), (threads, 1, 1),
                      f"launch_config(555, 128) = ({blocks}, {threads}) is (blocks, threads per block)")
     if device is not None:
-        expect_array(device, np.float32(-1.5) * big[0] + big[1], "saxpy(a, x, y) on the GPU", atol=1e-6)
+        expect_array(device, np.float32(-1.5) * _device_floats(SEED + 7) + _device_floats(SEED + 8),
+                     "saxpy(a, x, y) on the GPU", atol=1e-6)
 
 
 @pytest.mark.points(1)
