@@ -151,6 +151,14 @@ def test_doctor_reports_the_tier_and_the_stack():
         assert needle in proc.stdout, needle
 
 
+def test_mpi_labs_ranks_yield_the_core_only_on_the_cpu_tier():
+    from autograder.labs import find_lab
+    from autograder.runner import child_environment
+    assert child_environment("cpu", find_lab("06"))["MPIR_CVAR_ENABLE_HEAVY_YIELD"] == "1"
+    assert "MPIR_CVAR_ENABLE_HEAVY_YIELD" not in child_environment("gpu", find_lab("06"))
+    assert "MPIR_CVAR_ENABLE_HEAVY_YIELD" not in child_environment("cpu", find_lab("08"))
+
+
 def test_results_file_is_written_even_when_grading_cannot_run(tmp_path):
     results = tmp_path / "results.json"
     proc = k2c("grade", "02", "--tier", "gpu", "--format", "gradescope", "-o", results)
