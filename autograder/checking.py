@@ -197,7 +197,7 @@ def run_cases(start_job, cases, ranks, merge, *, stem=str, name=str, explain=Non
     one that hung or raised: it gets the job's status and ``explain(job)``, and
     the cases after it run again in a new job. ``after_hang(case, pending)``
     lists pending cases not worth running once ``case`` hung (each hang costs
-    a whole timeout); they are reported as not run.
+    an idle stop, or a whole timeout if it spins); they are reported as not run.
     """
     import pickle
     import shutil

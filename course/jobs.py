@@ -44,6 +44,7 @@ class Job:
     timeout_s: float = 0.0
     kind: str = "MPI"
     killed: dict = field(default_factory=dict)  # rank -> signal name, for ranks a signal ended (torch jobs)
+    idle_s: float = 0.0  # > 0: stopped early, its processes idle this long (course.dist's idle_timeout)
 
     @property
     def ok(self) -> bool:
@@ -54,7 +55,9 @@ class Job:
             return f"{self.n} ranks finished in {self.duration_s:.2f} s"
         if self.status == "timeout":
             waiting = [r for r in range(self.n) if r not in self.finished]
-            return (f"timed out after {self.timeout_s:g} s: likely deadlock — rank(s) {waiting} never finished "
+            stopped = (f"stopped after {self.duration_s:.0f} s, no rank having used the CPU for {self.idle_s:g} s"
+                       if self.idle_s else f"timed out after {self.timeout_s:g} s")
+            return (f"{stopped}: likely deadlock — rank(s) {waiting} never finished "
                     f"(finished: {self.finished or 'none'}); every rank was stopped. {_HANGS[self.kind]}")
         if self.killed:  # a crash inside a library (gloo aborting, say): the others' errors follow from it
             rank, signame = next(iter(self.killed.items()))

@@ -69,14 +69,14 @@ def test_a_deadlock_costs_its_case_only_and_leaves_no_process(make_submission, o
         "            dist.recv(torch.zeros(1), src=0)  # a message rank 0 never sends\n"
         "        for param in self.module.parameters():\n")])
     # The rerun of the other cases after the hang gets 30 s too: room for a busy machine (CI once
-    # saw one of them time out at 20 s while lab batches ran beside it).
+    # saw one of them time out at 20 s while lab batches ran beside it). The hang itself ends when it idles.
     outcome, elapsed = _ddp_job(folder, job_timeout=30)
     assert outcome.status == "ok", outcome
     naive = outcome.value["naive"]
-    assert naive["status"] == "timeout" and "likely deadlock" in naive["message"], naive
+    assert naive["status"] == "timeout" and "no rank having used the CPU" in naive["message"], naive
     others = {k: v["status"] for k, v in outcome.value.items() if not k.startswith("naive")}
     assert set(others.values()) == {"ok"}, {k: outcome.value[k] for k, s in others.items() if s != "ok"}
-    assert 30 <= elapsed < 110
+    assert elapsed < 60, elapsed  # not a whole job timeout for the hang
     time.sleep(0.5)
     assert our_processes() == []
 

@@ -99,8 +99,9 @@ def test_a_ring_that_deadlocks_costs_its_cases_only_and_leaves_no_process(make_s
     ring = [name for name in cases if name.startswith("ring") and name != "ring_odd_shard"]
     hung = [name for name in ring if cases[name]["status"] == "timeout"]
     assert hung == ring, cases  # the first hangs, the others are not run
-    assert "likely deadlock" in cases[ring[0]]["message"] and "not run" in cases[ring[1]]["message"]
+    assert "no rank having used the CPU" in cases[ring[0]]["message"], cases[ring[0]]
+    assert "not run" in cases[ring[1]]["message"]
     assert all(cases[n]["status"] == "ok" for n in cases if n.startswith("ulysses")), cases
-    assert 15 <= elapsed < 70, elapsed  # one job timeout, not one per case
+    assert elapsed < 45, elapsed  # one idle stop, not a job timeout per case
     time.sleep(0.5)
     assert our_processes() == []

@@ -38,7 +38,7 @@ Each rank writes its record of a case to a file as soon as the case is done,
 so when a job hangs or a rank raises, the files say which case it was; the
 cases after it run again in a new job — except, after a hang, the cases on
 the same wrapper class, which would most likely hang as long (each hang costs
-``JOB_TIMEOUT_S``). A case whose code raises ``NotImplementedError`` (a stub)
+an idle stop, ``JOB_TIMEOUT_S`` if it spins). A case whose code raises ``NotImplementedError`` (a stub)
 is recorded as such and the job goes on. The job runs on gloo with CPU
 tensors on every tier. Only ``Work.wait()`` is recorded as a wait: a student
 who waits through ``handle.get_future().wait()`` is not seen waiting.
@@ -60,7 +60,8 @@ STEPS = 3
 MICRO_BATCH = 4  # samples per rank per backward
 ACCUMULATION = 3  # micro-batches per step in the accumulation case
 LR, MOMENTUM = 0.05, 0.9
-# A correct job of 4 processes takes ~5 s on 2 idle cores, 3x that on busy ones; this is for deadlocks.
+# A correct job of 4 processes takes ~5 s on 2 idle cores, 3x that on busy ones; a deadlock ends
+# sooner, once the job idles (course.dist.IDLE_TIMEOUT_S).
 JOB_TIMEOUT_S = 40
 # bucket caps in MiB: 32 bytes, exactly the smallest parameter (a bucket that reaches the cap closes, so one
 # parameter per bucket); two buckets, the last one partial; one partial bucket for all
@@ -266,7 +267,7 @@ def rank_side(cases, folder):
 def ddp_job(world, timeout=JOB_TIMEOUT_S):
     """{case name: {"status": ..., per-rank records or a message}} for ``world`` processes."""
     start = lambda pending, folder: dist.run(f"{__file__}:rank_side", world, pending, folder, timeout=timeout,
-                                             backend="gloo")
+                                             backend="gloo", idle_timeout=dist.IDLE_TIMEOUT_S)
     return run_cases(start, list(enumerate(CASES)), world, _merge, stem=lambda case: case[0],
                      name=lambda case: case_name(*case[1]), after_hang=_same_wrapper)
 

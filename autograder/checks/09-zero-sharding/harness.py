@@ -43,7 +43,8 @@ SEED = 2026
 CASES = ("zero1_adam", "zero1_sgd", "zero3_adam")
 OPTIMIZERS = {"adam": ("Adam", {"lr": 0.05, "weight_decay": 0.1}),
               "sgd": ("SGD", {"lr": 0.1, "momentum": 0.9})}
-JOB_TIMEOUT_S = 40  # a correct job of 4 processes takes 3-6 s on 2 busy cores; this is for deadlocks
+# A correct job of 4 processes takes 3-6 s on 2 busy cores; a deadlock ends sooner, when the job idles.
+JOB_TIMEOUT_S = 40
 
 
 def formulas(queries):
@@ -312,5 +313,6 @@ def training_job(n, names=CASES):
     """{case: outcome} for ``n`` ranks; see the module docstring."""
     # gloo on both tiers: the model is tiny and its tensors live on the CPU.
     start = lambda pending, folder: launcher.run(f"{__file__}:rank_side", n, pending, n, folder,
-                                                 timeout=JOB_TIMEOUT_S, backend="gloo")
+                                                 timeout=JOB_TIMEOUT_S, backend="gloo",
+                                                 idle_timeout=launcher.IDLE_TIMEOUT_S)
     return run_cases(start, names, n, _merge)

@@ -41,7 +41,7 @@ HIDDEN, HEADS, FFN, SEQ, BATCH, VOCAB = 32, 8, 48, 8, 2, 24
 # full weights of their layers (HIDDEN^2 = 1024, HIDDEN * FFN = 1536, VOCAB * HIDDEN = 768), and a
 # shard of the MLP's weights (768 or 384) is smaller than attention's: a tensor that large is a weight.
 ODD_HIDDEN, ODD_HEADS = 24, 6  # 6 heads: divisible by 2, not by 4
-JOB_TIMEOUT_S = 40  # a correct job takes a few seconds; this is for deadlocks
+JOB_TIMEOUT_S = 40  # a correct job takes a few seconds; a deadlock ends sooner, when the job idles
 
 OPERATORS = ("op_f", "op_g", "op_gather", "op_reduce_scatter")
 MODULES = ("column", "column_gather", "row", "row_whole_input", "mlp", "mlp_sp", "attention_causal",
@@ -499,5 +499,6 @@ def cases_job(t, names=CASES):
     """{case: outcome} for ``t`` ranks; see the module docstring."""
     # gloo on both tiers: the model is tiny and its tensors live on the CPU.
     start = lambda pending, folder: launcher.run(f"{__file__}:rank_side", t, list(pending), t, folder,  # noqa: E731
-                                                 timeout=JOB_TIMEOUT_S, backend="gloo")
+                                                 timeout=JOB_TIMEOUT_S, backend="gloo",
+                                                 idle_timeout=launcher.IDLE_TIMEOUT_S)
     return run_cases(start, names, t, rank_records)

@@ -485,7 +485,7 @@ def executor_cases(n, names=EXECUTOR_CASES):
 
 def _executor_job(submission, n):
     """Every case's outcome on ``n`` ranks, once per grading run. On 4 ranks only the cases
-    that ran on 2 run (the checks stop at the first failure; a hang costs a whole timeout)."""
+    that ran on 2 run (the checks stop at the first failure; a hang costs seconds at least)."""
     names = EXECUTOR_CASES
     if n != WORLD_SIZES[0]:
         first = _executor_job(submission, WORLD_SIZES[0])

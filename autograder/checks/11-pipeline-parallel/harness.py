@@ -28,7 +28,7 @@ from course import dist as launcher
 DIMS = (5, 8, 8, 8, 8, 8, 8, 8, 3)  # 8 Linear layers; every stage boundary carries width 8
 MICROBATCH_ROWS = 3
 SEED = 1101
-# A correct job of 4 processes takes 3-6 s on 2 busy cores; this is for deadlocks.
+# A correct job of 4 processes takes 3-6 s on 2 busy cores; a deadlock is stopped sooner, once the job idles.
 JOB_TIMEOUT_S = 30
 DEADLOCK_GUARD_S = 2  # seconds; simulating these 2-device schedules takes microseconds
 
@@ -169,6 +169,6 @@ def executor_job(n, cases, timeout=JOB_TIMEOUT_S):
     """{case name: {"status": ..., "ranks": per-rank records, or "message"}} on ``n`` ranks."""
     # gloo on both tiers: the model is tiny and its tensors live on the CPU.
     start = lambda pending, folder: launcher.run(f"{__file__}:rank_side", n, pending, folder, timeout=timeout,
-                                                 backend="gloo")
+                                                 backend="gloo", idle_timeout=launcher.IDLE_TIMEOUT_S)
     return run_cases(start, cases, n, rank_records, stem=lambda case: case[0], name=lambda case: case[0],
                      after_hang=lambda hung, pending: list(pending))

@@ -23,7 +23,7 @@ run (``run_cases``' ``after_hang``): they use the same code and would hang as lo
 from autograder.checking import rank_records, run_cases, save_record
 from course import dist as launcher
 
-JOB_TIMEOUT_S = 30  # a correct job of 4 processes takes a few seconds; this is for deadlocks
+JOB_TIMEOUT_S = 30  # a correct job of 4 processes takes a few seconds; a deadlock ends sooner, when the job idles
 
 
 def _torch(array):
@@ -186,7 +186,7 @@ def cases_job(P, cases, job_timeout=JOB_TIMEOUT_S):
     """{case name: outcome} on ``P`` ranks for ``cases`` ({name: case}); see the module docstring."""
     def start(pending, folder):  # gloo on both tiers: the tensors are tiny and live on the CPU
         return launcher.run(f"{__file__}:rank_side", P, list(pending), {n: cases[n] for n in pending}, P, folder,
-                            timeout=job_timeout, backend="gloo")
+                            timeout=job_timeout, backend="gloo", idle_timeout=launcher.IDLE_TIMEOUT_S)
 
     def after_hang(name, pending):  # the same function would hang again, a timeout each
         return [n for n in pending if cases[n]["function"] == cases[name]["function"]]

@@ -20,7 +20,7 @@ absolute value of the wanted shard. A rank writes its record of a case as
 soon as it is done (``save_record``); a rank that raises ends the job and the
 case is reported with its error, the cases after it run again
 (``run_cases``); after a hang the remaining training cases are not run (each
-would cost the whole job timeout), only the refusals.
+would most likely hang too), only the refusals.
 
 ``hybrid_measure_job(entries)`` measures, in one job of ``WORLD`` processes,
 what a cost model of this machine needs and what it must predict:
@@ -49,7 +49,7 @@ from course import dist as launcher
 from course.fits import ring_allreduce_fit
 
 WORLD = 4
-CASES_TIMEOUT_S = 40  # a correct job of every case takes ~10 s on 2 cores; this is for deadlocks
+CASES_TIMEOUT_S = 40  # a correct job of every case takes ~10 s on 2 cores; a deadlock ends sooner, when the job idles
 MEASURE_TIMEOUT_S = 60  # a correct measurement takes ~15-20 s on 2 shared cores
 MATMUL_N = 256
 MATMUL_SECONDS = 0.4
@@ -216,7 +216,7 @@ def hybrid_cases_job(cases):
     """{case name: outcome}; see the module docstring."""
     def start(pending, folder):  # gloo: the models are tiny and live on the CPU
         return launcher.run(f"{__file__}:cases_rank_side", WORLD, list(pending), {n: cases[n] for n in pending},
-                            folder, timeout=CASES_TIMEOUT_S, backend="gloo")
+                            folder, timeout=CASES_TIMEOUT_S, backend="gloo", idle_timeout=launcher.IDLE_TIMEOUT_S)
 
     def after_hang(name, pending):  # every training case runs the same code: each would hang as long
         return [n for n in pending if "refuse" not in cases[n]]
