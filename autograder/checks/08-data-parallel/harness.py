@@ -38,9 +38,9 @@ Each rank writes its record of a case to a file as soon as the case is done,
 so when a job hangs or a rank raises, the files say which case it was; the
 cases after it run again in a new job — except, after a hang, the cases on
 the same wrapper class, which would most likely hang as long (each hang costs
-an idle stop, ``JOB_TIMEOUT_S`` if it spins). A case whose code raises ``NotImplementedError`` (a stub)
-is recorded as such and the job goes on. The job runs on gloo with CPU
-tensors on every tier. Only ``Work.wait()`` is recorded as a wait: a student
+an idle stop, ``JOB_TIMEOUT_S`` if it spins). A case whose code raises
+``NotImplementedError`` (a stub) is recorded as such and the job goes on. The
+job runs on gloo with CPU tensors on every tier. Only ``Work.wait()`` is recorded as a wait: a student
 who waits through ``handle.get_future().wait()`` is not seen waiting.
 
 ``compression_case()`` runs the compression part in the sandbox process
