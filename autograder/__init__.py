@@ -2,6 +2,6 @@
 
 Student code never runs in the grader's process: every call into it happens in
 a sandboxed child (``autograder.sandbox``) and only plain data comes back
-(``autograder.codec``). The checks themselves run here, with pytest, and
+(``autograder.sandbox.codec``). The checks themselves run here, with pytest, and
 compare what came back with independent oracles.
 """

@@ -16,41 +16,15 @@ def _progress(result) -> None:
     sys.__stderr__.flush()
 
 
-def write_results(path: str, text: str) -> None:
-    """Write the report whole or not at all: a temporary file beside it, then a rename.
-    It runs after every call into the submission has ended with all its processes,
-    and no sandboxed process can reach this folder, so nothing rewrites it later."""
-    import stat
-    import tempfile
-
-    target = Path(path)
-    if target.exists() and not stat.S_ISREG(target.stat().st_mode):
-        # /dev/null, /dev/stdout, a pipe: written to, never replaced (a rename as
-        # root would put a plain file where /dev/null was).
-        with open(target, "w") as f:
-            f.write(text)
-        return
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
 
 def _default_submission() -> Path:
     return Path("labs") if Path("labs").is_dir() else Path(".")
 
 
 def cmd_grade(args) -> int:
-    from autograder import report
-    from autograder.labs import UsageError
+    from autograder.grading import report
+    from autograder.grading.report import write_results
+    from autograder.grading.labs import UsageError
 
     try:
         return _grade(args)
@@ -61,9 +35,10 @@ def cmd_grade(args) -> int:
 
 
 def _grade(args) -> int:
-    from autograder import report
-    from autograder.labs import UsageError, all_labs, find_lab
-    from autograder.runner import NoCheckSelected, grade, resolve_tier
+    from autograder.grading import report
+    from autograder.grading.report import write_results
+    from autograder.grading.labs import UsageError, all_labs, find_lab
+    from autograder.grading.runner import NoCheckSelected, grade, resolve_tier
 
     labs = all_labs() if args.lab == "all" else [find_lab(args.lab)]
     if args.list:
@@ -101,7 +76,7 @@ def _list(labs, select, format) -> int:
     import dataclasses
     import json
 
-    from autograder.runner import list_checks
+    from autograder.grading.runner import list_checks
 
     if format == "json":
         print(json.dumps({lab.slug: [dataclasses.asdict(c) for c in list_checks(lab, select)] for lab in labs},
@@ -118,16 +93,20 @@ def _list(labs, select, format) -> int:
 
 
 def cmd_grade_class(args) -> int:
-    from autograder.gradebook import RowStatus, Settings, default_jobs, grade_class
-    from autograder.labs import find_lab
-    from autograder.runner import resolve_tier
+    from autograder.instructor.gradebook import RowStatus, Settings, default_jobs, grade_class
+    from autograder.grading.labs import find_lab
+    from autograder.grading.runner import resolve_tier
 
     lab = find_lab(args.lab)
     tier = resolve_tier(args.tier)
     output = Path(args.output or f"gradebook-{lab.slug}.csv")
     settings = Settings(lab.slug, tier, args.timeout, args.k, args.limit)
     jobs = args.jobs if args.jobs else (None if args.slurm else default_jobs(lab))
-    rows = grade_class(lab, Path(args.dir), output, settings, jobs, args.resume, args.slurm, args.chunk)
+    run_array = None
+    if args.slurm:
+        from autograder.instructor.gradebook_slurm import array_runner
+        run_array = array_runner(args.chunk)
+    rows = grade_class(lab, Path(args.dir), output, settings, jobs, args.resume, run_array)
     counts = {s: sum(r.status == s for r in rows) for s in RowStatus}
     summary = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
     print(f"{len(rows)} submissions ({summary}): {output} and {output.with_suffix('.json')}")
@@ -135,7 +114,7 @@ def cmd_grade_class(args) -> int:
 
 
 def cmd_sync(args) -> int:
-    from autograder.sync import MarkerError, differences, sync
+    from autograder.instructor.sync import MarkerError, differences, sync
 
     solutions, labs = Path(args.solutions), Path(args.labs)
     if not solutions.is_dir():
@@ -168,8 +147,8 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_gradescope(args) -> int:
-    from autograder.gradescope import build
-    from autograder.labs import UsageError, find_lab
+    from autograder.instructor.gradescope import build
+    from autograder.grading.labs import UsageError, find_lab
 
     if args.lab == "all":  # a Gradescope assignment grades one lab
         raise UsageError("k2c gradescope builds one lab's autograder: name a lab (06 or 06-collectives), not 'all'")
@@ -182,7 +161,7 @@ def cmd_gradescope(args) -> int:
 
 
 def cmd_release(args) -> int:
-    from autograder.release import AUTHOR, ReleaseError, parse_author, release
+    from autograder.instructor.release import AUTHOR, ReleaseError, parse_author, release
 
     def say(line):
         print(f"k2c release: {line}", file=sys.stderr)
@@ -257,7 +236,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from autograder.labs import UsageError
+    from autograder.grading.labs import UsageError
 
     args = parser().parse_args(argv)
     try:

@@ -60,7 +60,7 @@ def _extra(module: str) -> str:
 
 def _isolation() -> str:
     """Which isolation layer grading gets here, and how to get a stronger one."""
-    from autograder import isolation
+    from autograder.sandbox import isolation
 
     try:
         found = isolation.detect()

@@ -75,7 +75,7 @@ def run(target, n: int, *args, timeout: float = 60, backend: str = "auto", idle_
                "timeout": timeout}
     with tempfile.TemporaryDirectory(prefix="k2c-dist-") as folder:
         # Launcher and workers run the same code on the caller's behalf, so pickle
-        # is fine between them; the grader itself never unpickles (see autograder.codec).
+        # is fine between them; the grader itself never unpickles (see autograder.sandbox.codec).
         (Path(folder) / "request.pkl").write_bytes(pickle.dumps(request))
         log = Path(folder) / "output.txt"
         start = time.monotonic()

@@ -67,7 +67,7 @@ def _launch(module_args, n, timeout, request) -> MPIJob:
         raise ValueError(f"need at least one rank, got n={n}")
     with tempfile.TemporaryDirectory(prefix="k2c-mpi-") as folder:
         # Launcher and ranks run the same code on the caller's behalf, so pickle
-        # is fine between them; the grader itself never unpickles (see autograder.codec).
+        # is fine between them; the grader itself never unpickles (see autograder.sandbox.codec).
         (Path(folder) / "request.pkl").write_bytes(pickle.dumps(request))
         env = worker_env()
         log = Path(folder) / "output.txt"

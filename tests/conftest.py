@@ -63,7 +63,7 @@ def build_submission(folder: Path, lab_slug, filename, edits=()) -> Path:
     """Copy a lab's reference into ``folder``, applying (before, after) edits to
     ``filename``. The earlier labs' files it ``uses`` are copied beside its own (a
     flat submission holding them): the grader takes them from the submission only."""
-    from autograder.labs import find_lab
+    from autograder.grading.labs import find_lab
 
     shutil.copytree(REPO / "solutions" / lab_slug, folder, ignore=shutil.ignore_patterns("*.ipynb", "__pycache__"))
     for used in find_lab(lab_slug).uses:

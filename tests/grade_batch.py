@@ -19,14 +19,14 @@ import json
 import sys
 from pathlib import Path
 
-from autograder import report
-from autograder.labs import find_lab
-from autograder.runner import grade, resolve_tier
+from autograder.grading import report
+from autograder.grading.labs import find_lab
+from autograder.grading.runner import grade, resolve_tier
 from autograder.sandbox import Sandbox
 
 
 class SharedSandboxes:
-    """``sandbox_for`` of ``autograder.runner.grade``: one sandbox per environment and limits."""
+    """``sandbox_for`` of ``autograder.grading.runner.grade``: one sandbox per environment and limits."""
 
     def __init__(self):
         self._sandboxes: dict = {}

@@ -21,7 +21,7 @@ def test_alternative_scores_full_marks(alt, graded_fixture):
 
 
 def test_every_lab_has_two_alternatives():
-    from autograder.labs import all_labs
+    from autograder.grading.labs import all_labs
 
     per_lab = {lab.slug: sum(alt.lab == lab.slug for alt in ALTERNATIVES) for lab in all_labs()}
     assert all(count >= 2 for count in per_lab.values()), per_lab

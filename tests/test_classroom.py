@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from autograder import report
-from autograder.plugin import CheckResult
-from autograder.runner import LabResult
+from autograder.grading import report
+from autograder.grading.plugin import CheckResult
+from autograder.grading.runner import LabResult
 from conftest import REPO, k2c
 
 TEMPLATE = REPO / "templates" / "classroom" / "grade.yml"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import yaml
 
-from autograder.codec import CodecError, decode, encode
+from autograder.sandbox.codec import CodecError, decode, encode
 from conftest import REPO
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import REPO, k2c
 
-from autograder.gradebook import RowStatus, Settings, Unreadable, grade_one, unpack
+from autograder.instructor.gradebook import RowStatus, Settings, Unreadable, grade_one, unpack
 
 LAB06 = "06-collectives"
 # The checks graded: one pure function and one 2- and 3-rank MPI job, to keep

@@ -13,10 +13,12 @@ import zipfile
 
 import pytest
 
-from autograder import gradescope, report
-from autograder.labs import all_labs, find_lab
-from autograder.plugin import CheckResult
-from autograder.runner import LabResult
+from autograder.instructor import gradescope
+
+from autograder.grading import report
+from autograder.grading.labs import all_labs, find_lab
+from autograder.grading.plugin import CheckResult
+from autograder.grading.runner import LabResult
 from conftest import REPO, k2c
 
 TEST_FIELDS = {"name", "number", "score", "max_score", "status", "output", "tags", "visibility"}

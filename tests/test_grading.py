@@ -152,8 +152,8 @@ def test_doctor_reports_the_tier_and_the_stack():
 
 
 def test_mpi_labs_ranks_yield_the_core_only_on_the_cpu_tier():
-    from autograder.labs import find_lab
-    from autograder.runner import child_environment
+    from autograder.grading.labs import find_lab
+    from autograder.grading.runner import child_environment
     assert child_environment("cpu", find_lab("06"))["MPIR_CVAR_ENABLE_HEAVY_YIELD"] == "1"
     assert "MPIR_CVAR_ENABLE_HEAVY_YIELD" not in child_environment("gpu", find_lab("06"))
     assert "MPIR_CVAR_ENABLE_HEAVY_YIELD" not in child_environment("cpu", find_lab("08"))
@@ -185,7 +185,7 @@ def test_syntax_error_is_reported_per_check(tmp_path):
      "ring on 4 ranks: rank 1: ValueError: bad"),
 ])
 def test_a_failed_harness_outcome_becomes_the_error_a_student_reads(outcome, kind, status, text):
-    from autograder.submission import failure_from
+    from autograder.grading.submission import failure_from
 
     error = failure_from(outcome, "ring on 4 ranks")
     assert type(error).__name__ == kind and error.outcome.status == status
@@ -197,7 +197,7 @@ def test_a_report_to_a_device_or_pipe_is_written_into_it_not_over_it(tmp_path):
     import stat
     import threading
 
-    from autograder.cli import write_results
+    from autograder.grading.report import write_results
 
     fifo = tmp_path / "report.fifo"
     os.mkfifo(fifo)

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from autograder import isolation
-from autograder.isolation import Isolation, Layer
+from autograder.sandbox import isolation
+from autograder.sandbox.isolation import Isolation, Layer
 from autograder.sandbox import Limits, Sandbox, run_call
 from conftest import REPO
 
@@ -159,7 +159,7 @@ def strays_then(how):
 # Files of the grader that a submission must not change: a lab's harness and checks, the course, the sandbox.
 GRADER_FILES = [REPO / "autograder/checks/02-cuda-model/harness.py",
                 REPO / "autograder/checks/02-cuda-model/check_cuda_basics.py",
-                REPO / "course/__init__.py", REPO / "autograder/sandbox.py"]
+                REPO / "course/__init__.py", REPO / "autograder/sandbox/__init__.py"]
 SUBREAPER = Isolation(Layer.SUBREAPER, None, None)
 
 
@@ -220,7 +220,7 @@ def test_hostile_code_cannot_touch_the_grader(bubblewrap, hostile, launcher, tmp
     listener.setblocking(False)
     grader = [os.getpid(), os.getppid()]
 
-    # torch as a lab that requires it has it (autograder.runner.child_environment): preloaded, the ranks forked
+    # torch as a lab that requires it has it (autograder.grading.runner.child_environment): preloaded, the ranks forked
     env = {"K2C_PRELOAD": "torch,torch.distributed", "OMP_NUM_THREADS": "1"} if launcher == "torch" else None
     out = hostile("attack_through", launcher, grader, [str(p) for p in paths], listener.getsockname()[1], env=env)
 
@@ -254,7 +254,7 @@ def test_nothing_outlives_a_call_however_it_ends(hostile, our_processes, how, st
 
 @pytest.mark.parametrize("layer", [None, SUBREAPER], ids=["strongest", "subreaper"])
 def test_the_calls_of_a_sandbox_cannot_reach_its_server_or_each_other(hostile, tmp_path, our_processes, layer):
-    """One server (autograder.child) serves every call of a grading: a call cannot stop it,
+    """One server (autograder.sandbox.child) serves every call of a grading: a call cannot stop it,
     and the next call finds nothing of the last, even after one that was stopped."""
     def request(func, *args):
         return {"submission": str(tmp_path / "submission"), "args": list(args), "kwargs": {},

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from autograder.labs import all_labs
+from autograder.grading.labs import all_labs
 from conftest import REPO
 
 # The public names each refused object is usually reached by, besides the module defining it.

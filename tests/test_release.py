@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from autograder.release import ReleaseError, contents, leaks, release
-from autograder.sync import strip_solutions
+from autograder.instructor.release import ReleaseError, contents, leaks, release
+from autograder.instructor.sync import strip_solutions
 from conftest import REPO, k2c
 
 BEGIN, END = re.compile(r"^\s*# BEGIN SOLUTION"), re.compile(r"^\s*# END SOLUTION\s*$")
@@ -200,7 +200,7 @@ USED_FROM_LABS = """
 import json, sys, tempfile
 from pathlib import Path
 import autograder, course
-from autograder.labs import all_labs, with_used_files
+from autograder.grading.labs import all_labs, with_used_files
 labs = Path(sys.argv[1]) / "labs"
 lab = next(lab for lab in all_labs() if lab.uses)
 with tempfile.TemporaryDirectory() as tmp:
@@ -248,7 +248,7 @@ def test_readme_commands_set_up_and_grade_the_starters_at_zero(released, tmp_pat
     statuses = re.findall(r"^\s+[\d.]+/[\d.]+\s+(\w+)\s", grade.stdout, re.M)
     assert "failed" in statuses and set(statuses) <= {"failed", "skipped"}, grade.stdout
     assert grade.stdout.count("not implemented yet") >= statuses.count("failed")
-    from autograder.isolation import detect
+    from autograder.sandbox.isolation import detect
     assert f"isolation: {detect().layer.value}" in grade.stdout  # the same layer as in this checkout
 
     # Setting up and grading leave the student's tree clean (.gitignore covers .venv, egg-info).

@@ -219,7 +219,7 @@ def test_a_class_graded_as_a_job_array_gets_every_row(slurm, tmp_path):
     import csv
     import shutil
 
-    from autograder.labs import find_lab
+    from autograder.grading.labs import find_lab
 
     lab = "13-hybrid-parallel"
     clazz = tmp_path / "class"

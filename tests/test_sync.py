@@ -1,7 +1,7 @@
 """labs/ is generated from solutions/ and must not drift."""
 import pytest
 
-from autograder.sync import MarkerError, differences, strip_solutions, sync
+from autograder.instructor.sync import MarkerError, differences, strip_solutions, sync
 from conftest import REPO, k2c
 
 

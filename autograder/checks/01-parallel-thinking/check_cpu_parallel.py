@@ -3,7 +3,7 @@ Amdahl's law against its formula and synthetic timings."""
 import numpy as np
 import pytest
 
-from autograder.checking import expect_array, expect_close
+from autograder.grading.checking import expect_array, expect_close
 
 RNG = np.random.default_rng(101)
 CONTENDED = 1 << 22  # big enough that two or more threads racing lose updates

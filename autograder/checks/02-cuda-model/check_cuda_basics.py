@@ -9,7 +9,7 @@ import functools
 import numpy as np
 import pytest
 
-from autograder.checking import by_tier, compiled_kernels, expect_array, expect_compiled, require_compiles
+from autograder.grading.checking import by_tier, compiled_kernels, expect_array, expect_compiled, require_compiles
 
 SEED = 2026
 BANDWIDTH_RATIO_TO_PASS = 0.6  # saxpy's effective bandwidth / device copy bandwidth

@@ -12,7 +12,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from autograder.checking import poisoned, unstubbed
+from autograder.grading.checking import poisoned, unstubbed
 
 CANARY = 64  # poisoned elements past the end of every 1-D output
 

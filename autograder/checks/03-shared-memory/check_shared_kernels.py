@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from autograder.checking import (INT_POISON, by_tier, compiled_kernels, expect_array, expect_compiled,
+from autograder.grading.checking import (INT_POISON, by_tier, compiled_kernels, expect_array, expect_compiled,
                                  require_compiles)
 
 SEED = 2026

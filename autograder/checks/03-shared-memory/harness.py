@@ -15,7 +15,7 @@ import os
 import numpy as np
 from numba import config, cuda
 
-from autograder.checking import INT_POISON, poisoned, unstubbed
+from autograder.grading.checking import INT_POISON, poisoned, unstubbed
 
 CANARY = 64  # poisoned elements past the end of 1-D outputs
 

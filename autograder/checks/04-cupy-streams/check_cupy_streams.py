@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from autograder.checking import expect_array, expect_close, expect_compiled
+from autograder.grading.checking import expect_array, expect_close, expect_compiled
 
 SEED = 2026
 
@@ -68,7 +68,7 @@ def check_bias_gelu_matches_torch(submission):
 @pytest.mark.points(2)
 def check_bias_gelu_kernel_compiles(submission, metrics):
     """bias_gelu_kernel's CUDA C compiles with NVRTC for sm_80 and sm_90, float and double (no GPU needed)"""
-    compiled = submission.call("autograder.checking.compile_cupy_kernels", "cupy_streams", "bias_gelu_kernel")
+    compiled = submission.call("autograder.grading.checking.compile_cupy_kernels", "cupy_streams", "bias_gelu_kernel")
     kernels = compiled.get("kernels", {})
     assert "kernels" not in compiled or len(kernels) == 1, (
         f"bias_gelu_kernel made {len(kernels)} kernels ({', '.join(kernels) or 'none'}): the fused kernel is one "

@@ -11,8 +11,8 @@ prescribes, so distributed results must equal it bit for bit.
 import numpy as np
 import pytest
 
-from autograder.checking import expect_array, expect_close
-from autograder.submission import NotImplementedYet, SubmissionError
+from autograder.grading.checking import expect_array, expect_close
+from autograder.grading.submission import NotImplementedYet, SubmissionError
 
 SEED = 2026
 RANKS = (1, 2, 3, 4)

@@ -20,8 +20,8 @@ import math
 import numpy as np
 import pytest
 
-from autograder.checking import expect_array
-from autograder.submission import failure_from
+from autograder.grading.checking import expect_array
+from autograder.grading.submission import failure_from
 
 PS = (2, 3, 4, 5, 8)
 POWERS_OF_TWO, OTHER_PS = (2, 4, 8), (3, 5)

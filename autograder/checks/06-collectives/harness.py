@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from autograder.checking import first_failure, run_cases, save_record
+from autograder.grading.checking import first_failure, run_cases, save_record
 from course import mpi
 from course.mpi_audit import COLLECTIVES, AuditComm, rounds, totals
 

@@ -31,7 +31,7 @@ hardware.
 import pytest
 
 from autograder.sandbox import Outcome
-from autograder.submission import SubmissionError, not_implemented_yet
+from autograder.grading.submission import SubmissionError, not_implemented_yet
 
 PRECISIONS = ("fp32", "mixed")
 OPTIMIZERS = ("adam", "sgd", "sgd_momentum")

@@ -29,7 +29,7 @@ this lab has no GPU part.
 import numpy as np
 import pytest
 
-from autograder.submission import failure_from, not_implemented_yet
+from autograder.grading.submission import failure_from, not_implemented_yet
 
 WORLDS = (2, 4)
 STEPS = 3

@@ -52,7 +52,7 @@ import inspect
 
 import numpy as np
 
-from autograder.checking import run_cases, save_record
+from autograder.grading.checking import run_cases, save_record
 from course import dist
 
 SEED = 808

@@ -23,8 +23,8 @@ import math
 import numpy as np
 import pytest
 
-from autograder.checking import expect_array
-from autograder.submission import failure_from, not_implemented_yet
+from autograder.grading.checking import expect_array
+from autograder.grading.submission import failure_from, not_implemented_yet
 
 WORLD_SIZES = (2, 4)
 GB = 1e9

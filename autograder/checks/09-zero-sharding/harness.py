@@ -33,7 +33,7 @@ import gc
 import math
 import weakref
 
-from autograder.checking import first_failure, run_cases, save_record
+from autograder.grading.checking import first_failure, run_cases, save_record
 from course import dist as launcher
 
 DIMS = (6, 22, 10, 22, 13, 3)  # Linear sizes 154, 230, 242, 299, 42 parameters: 967 in all

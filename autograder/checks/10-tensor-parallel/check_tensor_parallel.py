@@ -26,8 +26,8 @@ job, shared by the checks. Both tiers grade the same way (gloo, tiny sizes).
 """
 import pytest
 
-from autograder.checking import expect_array
-from autograder.submission import failure_from
+from autograder.grading.checking import expect_array
+from autograder.grading.submission import failure_from
 
 WORLD_SIZES = (2, 4)
 RTOL, ATOL = 1e-9, 1e-10

@@ -32,7 +32,7 @@ import contextlib
 import functools
 import inspect
 
-from autograder.checking import rank_records, run_cases, save_record
+from autograder.grading.checking import rank_records, run_cases, save_record
 from course import dist as launcher
 
 SEED = 2026

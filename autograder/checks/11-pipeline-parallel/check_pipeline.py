@@ -36,7 +36,7 @@ import random
 
 import pytest
 
-from autograder.submission import failure_from, not_implemented_yet
+from autograder.grading.submission import failure_from, not_implemented_yet
 
 # --- the check's own oracles -------------------------------------------------------------
 

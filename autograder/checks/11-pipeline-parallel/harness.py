@@ -20,9 +20,9 @@ the largest difference of every gradient and, on the last rank, the loss
 ``run_pipeline`` returned. A rank writes a file per case as soon as it is
 done, so after a hang the files say which case it was; the cases after it are
 not run (they use the same code and would hang as long), see
-``autograder.checking.run_cases``.
+``autograder.grading.checking.run_cases``.
 """
-from autograder.checking import TooLong, plain, rank_records, run_cases, save_record, within
+from autograder.grading.checking import TooLong, plain, rank_records, run_cases, save_record, within
 from course import dist as launcher
 
 DIMS = (5, 8, 8, 8, 8, 8, 8, 8, 3)  # 8 Linear layers; every stage boundary carries width 8

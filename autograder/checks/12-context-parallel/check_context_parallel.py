@@ -27,8 +27,8 @@ import math
 import numpy as np
 import pytest
 
-from autograder.checking import expect_array, load_beside
-from autograder.submission import failure_from, not_implemented_yet
+from autograder.grading.checking import expect_array, load_beside
+from autograder.grading.submission import failure_from, not_implemented_yet
 
 oracles = load_beside(__file__, "oracles")
 

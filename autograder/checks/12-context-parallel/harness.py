@@ -20,7 +20,7 @@ output and gradients. A rank writes a file per case as soon as it is done
 (``save_record``); after a hang the other cases of the same function are not
 run (``run_cases``' ``after_hang``): they use the same code and would hang as long.
 """
-from autograder.checking import rank_records, run_cases, save_record
+from autograder.grading.checking import rank_records, run_cases, save_record
 from course import dist as launcher
 
 JOB_TIMEOUT_S = 30  # a correct job of 4 processes takes a few seconds; a deadlock ends sooner, when the job idles

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.submission import not_implemented_yet
+from autograder.grading.submission import not_implemented_yet
 
 
 

@@ -45,7 +45,7 @@ import math
 
 import pytest
 
-from autograder.submission import failure_from, not_implemented_yet
+from autograder.grading.submission import failure_from, not_implemented_yet
 from course.fits import spearman
 
 TOL = 1e-9

@@ -19,8 +19,8 @@ import random
 
 import pytest
 
-from autograder.checking import load_beside
-from autograder.submission import not_implemented_yet
+from autograder.grading.checking import load_beside
+from autograder.grading.submission import not_implemented_yet
 
 oracles = load_beside(__file__, "oracles")
 

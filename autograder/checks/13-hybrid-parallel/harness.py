@@ -13,7 +13,7 @@ The run_plan and SLURM checks' grader code lives in ``harness_hybrid.py`` and
 """
 import time
 
-from autograder.checking import TooLong, plain, within
+from autograder.grading.checking import TooLong, plain, within
 
 SEARCH_LIMIT_S = 10  # per search query; the reference takes well under a second on the small ones
 
@@ -46,7 +46,7 @@ def planner_answers(queries):
 
 
 # --- the grader code of run_plan (harness_hybrid.py) and of the SLURM functions (harness_cluster.py) ---
-from autograder.checking import load_beside as _load_beside  # noqa: E402
+from autograder.grading.checking import load_beside as _load_beside  # noqa: E402
 
 _hybrid, _cluster = _load_beside(__file__, "harness_hybrid"), _load_beside(__file__, "harness_cluster")
 hybrid_cases_job, hybrid_measure_job, cost_model_times = (

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 
-from autograder.checking import plain
+from autograder.grading.checking import plain
 
 FAKES = ("scontrol", "srun", "torchrun", "mpiexec")
 EXTRA_MPIEXEC = "mpich 4.1/bin"  # also a fake mpiexec here: a path with a space, which the script must quote

@@ -44,7 +44,7 @@ error): its ranks may be inside different collectives by then.
 ``planner.cost_model(plan, model, cluster)`` for every entry in one sandboxed
 call: ``[{"time": float} or {"error": "..."}]`` (a stub: ``{"not_implemented"}``).
 """
-from autograder.checking import run_cases, save_record
+from autograder.grading.checking import run_cases, save_record
 from course import dist as launcher
 from course.fits import ring_allreduce_fit
 

@@ -25,10 +25,16 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from autograder.labs import CHECKS_ROOT, Lab, UsageError
+from autograder.grading.labs import CHECKS_ROOT, Lab, UsageError
 
 GRADER = CHECKS_ROOT.parent  # autograder/
 REPO = GRADER.parent  # a checkout: pyproject.toml, course/, solutions/, labs/
+
+
+def grader_sources() -> list[Path]:
+    """The grader's own modules, every part but the checks: ``autograder/**.py``."""
+    return sorted(p for p in GRADER.rglob("*.py") if "checks" not in p.relative_to(GRADER).parts
+                  and "__pycache__" not in p.parts)
 # What autograder/ itself imports from outside the standard library.
 GRADER_REQUIRES = ("numpy", "pytest")
 # Gradescope has no GPU: these come from an index of CPU-only builds (torch's is
@@ -109,7 +115,7 @@ def course_modules(lab: Lab, repo: Path = REPO) -> list[str]:
     """The course modules grading ``lab`` imports, directly or through one another
     (``course/__init__.py`` always: importing any of them runs it)."""
     course = repo / "course"
-    files = sorted(GRADER.glob("*.py")) + sorted(lab.checks_dir.glob("*.py")) + lab_sources(lab, repo)
+    files = grader_sources() + sorted(lab.checks_dir.glob("*.py")) + lab_sources(lab, repo)
     wanted, queue = {"__init__"}, [course / "__init__.py"] + files
     while queue:
         for module in imported_modules(queue.pop()):
@@ -122,7 +128,7 @@ def course_modules(lab: Lab, repo: Path = REPO) -> list[str]:
 
 def wheel_files(lab: Lab, repo: Path = REPO) -> dict[str, Path]:
     """What the wheel holds, by its path inside the wheel."""
-    files = {f"autograder/{p.name}": p for p in sorted(GRADER.glob("*.py"))}
+    files = {f"autograder/{p.relative_to(GRADER).as_posix()}": p for p in grader_sources()}
     # The same files as Lab.checks_digest hashes, so a report's checks_sha256 matches the checkout's.
     files.update({f"autograder/checks/{lab.slug}/{p.relative_to(lab.checks_dir).as_posix()}": p
                   for p in sorted(lab.checks_dir.rglob("*")) if p.is_file() and "__pycache__" not in p.parts})

@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
-from autograder.labs import Lab, UsageError
+from autograder.grading.labs import Lab, UsageError
 
 # A zip bigger than this unpacked, or with more members, is refused (a zip bomb
 # would fill the disk before any grading started).
@@ -223,9 +223,9 @@ def grade_one(student: str, folder: Path, sha: str, settings: Settings, scratch:
 def _kill(proc: subprocess.Popen) -> None:
     """Kill the grading and everything below it: its sandboxed calls run in
     sessions of their own, so its process group alone is not enough."""
-    from autograder.sandbox import _group_members, kill_group
+    from autograder.sandbox import group_members, kill_group
 
-    doomed = _group_members(proc.pid)
+    doomed = group_members(proc.pid)
     kill_group(proc.pid)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and any(_alive(pid) for pid in doomed):
@@ -292,7 +292,7 @@ def load_previous(json_path: Path, settings: Settings, checks_sha256: str) -> di
 
 
 def write(output: Path, rows: list[Row], settings: Settings, checks_sha256: str) -> None:
-    from autograder.cli import write_results
+    from autograder.grading.report import write_results
 
     csv_path, json_path = paths(output)
     checks = []  # check names in the order the lab runs them
@@ -370,7 +370,10 @@ def default_jobs(lab: Lab) -> int:
 # The whole class
 
 def grade_class(lab: Lab, folder: Path, output: Path, settings: Settings, jobs: int, resume: bool,
-                slurm: bool = False, chunk: int = 1) -> list[Row]:
+                run_array=None) -> list[Row]:
+    """Grade the class in ``folder`` into ``output``. ``run_array``: grade the rows to do
+    some other way than ``jobs`` local processes (``gradebook_slurm.array_runner``)."""
+    slurm = run_array is not None
     entries = find_submissions(folder)
     checks_sha256 = lab.checks_digest()
     previous = load_previous(paths(output)[1], settings, checks_sha256) if resume else {}
@@ -404,8 +407,7 @@ def grade_class(lab: Lab, folder: Path, output: Path, settings: Settings, jobs: 
             progress.update(row)
 
         if slurm:
-            from autograder.gradebook_slurm import run_array
-            run_array(todo, settings, scratch, jobs, chunk, record)
+            run_array(todo, settings, scratch, jobs, record)
         else:
             _run_local(todo, settings, scratch, jobs, record)
     except KeyboardInterrupt:

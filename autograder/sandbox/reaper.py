@@ -1,11 +1,11 @@
-"""The process side of isolation (``autograder.isolation``): leaving root for
+"""The process side of isolation (``autograder.sandbox.isolation``): leaving root for
 ``nobody``, and the supervisor of the ``subreaper`` layer.
 
 ``drop_privileges`` runs first thing in every sandboxed child, before it reads
 its request: from then on it has no groups, no capabilities and no way to gain
 privileges again (``PR_SET_NO_NEW_PRIVS``).
 
-``python -m autograder.reaper -- COMMAND…`` is the supervisor for machines
+``python -m autograder.sandbox.reaper -- COMMAND…`` is the supervisor for machines
 without namespaces. It makes itself a child subreaper
 (``PR_SET_CHILD_SUBREAPER``), so every process the student's code starts comes
 back to it when its parent dies, however it double-forks or ``setsid``s. It
@@ -64,7 +64,7 @@ def kill_and_reap_all() -> None:
 
 def main(argv: list[str]) -> int:
     sep, *command = argv
-    assert sep == "--" and command, "usage: python -m autograder.reaper -- COMMAND…"
+    assert sep == "--" and command, "usage: python -m autograder.sandbox.reaper -- COMMAND…"
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # dies with the grader
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     fds = tuple(int(fd) for fd in os.environ.get("K2C_PASS_FDS", "").split(",") if fd)

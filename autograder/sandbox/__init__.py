@@ -2,9 +2,9 @@
 
 A ``Sandbox`` serves the calls into one submission; ``run_call`` is one call
 in a sandbox of its own. The calls run in the strongest isolation layer this
-machine offers (``autograder.isolation``: bubblewrap's namespaces, else a
+machine offers (``autograder.sandbox.isolation``: bubblewrap's namespaces, else a
 reaping supervisor; as ``nobody`` when the grader is root), each in a fresh
-child of the sandbox's server (``autograder.child``) with empty scratch
+child of the sandbox's server (``autograder.sandbox.child``) with empty scratch
 folders, on a read-only copy of the submission. It gets a wall-clock deadline, a CPU-time
 limit, a file-size limit and (on the CPU tier) an address-space limit; a
 watchdog also sums the resident memory of every process below it, which catches
@@ -27,8 +27,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from autograder import codec, isolation
-from autograder.child import REPLY, REQUEST
+from autograder.sandbox import codec, isolation
+from autograder.sandbox.child import REPLY, REQUEST
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MEMORY_SCAN_MAX_S = 0.25  # the longest wait between two sums of a call's resident memory
@@ -78,7 +78,7 @@ def _limit_child(limits: Limits):
     return apply
 
 
-def _group_members(pgid: int) -> list[int]:
+def group_members(pgid: int) -> list[int]:
     """Processes in the group, and every descendant of its leader (in case one
     of them started a session of its own)."""
     members, parent_of = [], {}
@@ -105,7 +105,7 @@ def _group_members(pgid: int) -> list[int]:
 
 def _group_rss_mb(pgid: int, leave_out: set[int] = frozenset()) -> float:
     total = 0
-    for pid in set(_group_members(pgid)) - leave_out:
+    for pid in set(group_members(pgid)) - leave_out:
         try:
             with open(f"/proc/{pid}/statm") as f:
                 total += int(f.read().split()[1]) * PAGE
@@ -119,7 +119,7 @@ def kill_group(pgid: int) -> None:
     cannot fork), then kill them all: none escapes by forking while we look."""
     stopped: set[int] = set()
     while True:
-        fresh = [pid for pid in _group_members(pgid) if pid not in stopped]
+        fresh = [pid for pid in group_members(pgid) if pid not in stopped]
         if not fresh:
             break
         for pid in fresh:
@@ -201,7 +201,7 @@ def _signal_of(code: int) -> signal.Signals | None:
 
 class Sandbox:
     """Calls into one submission, each in a fresh child of one isolated server
-    (``autograder.child``), which imports what they need (``K2C_PRELOAD`` in
+    (``autograder.sandbox.child``), which imports what they need (``K2C_PRELOAD`` in
     ``env``) once: a grading pays for starting Python and importing torch or
     numba once per sandbox, not once per call. The server kills every process
     of a call and empties the scratch space before the call returns, so the next
@@ -252,7 +252,7 @@ class Sandbox:
         # The server must import the grader's own packages even when they are not installed.
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [isolation.PACKAGE_ROOT, child_env.get("PYTHONPATH")]))
         # -P: no folder the student can write (the scratch folder it starts in) on its sys.path; -s: nor theirs.
-        command = self.layer.command([sys.executable, "-P", "-s", "-m", "autograder.child"], scratch,
+        command = self.layer.command([sys.executable, "-P", "-s", "-m", "autograder.sandbox.child"], scratch,
                                      [*isolation.needed_paths(), self._staging], self.limits.devices)
         self._log_path = os.path.join(self._tmp, "output.txt")
         with open(self._log_path, "wb") as out:
@@ -270,7 +270,7 @@ class Sandbox:
             self.close()
             raise RuntimeError(f"the sandbox did not start: {output or 'no output'}")
         # The server's own processes, before any call: its memory is not the student's.
-        self._server = set(_group_members(self._proc.pid))
+        self._server = set(group_members(self._proc.pid))
 
     def _wait_for(self, deadline: float, watch_memory: bool = True):
         """Wait for the server's next reply: (code, reply), or None if the server died;
@@ -304,7 +304,7 @@ class Sandbox:
         return _group_rss_mb(self._proc.pid, leave_out=self._server)
 
     def call(self, request: dict) -> Outcome:
-        """Run ``request`` (see ``autograder.child``) on the copy of its submission (default: this sandbox's)."""
+        """Run ``request`` (see ``autograder.sandbox.child``) on the copy of its submission (default: this sandbox's)."""
         if self._proc is None:
             try:
                 self._start()
@@ -405,7 +405,7 @@ def _outcome(code: int, data: bytes, output: str, duration: float) -> Outcome:
 
 def run_call(request: dict, limits: Limits, env: dict[str, str] | None = None,
              layer: isolation.Isolation | None = None) -> Outcome:
-    """Run ``request`` (see ``autograder.child``) in a sandbox of its own, in
+    """Run ``request`` (see ``autograder.sandbox.child``) in a sandbox of its own, in
     ``layer`` (default: the strongest this machine offers)."""
     with Sandbox(request["submission"], limits, env, layer) as sandbox:
         return sandbox.call(request)

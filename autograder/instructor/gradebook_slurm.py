@@ -5,7 +5,7 @@ batch script into the run's scratch folder (beside the gradebook, so it must be
 on a file system the nodes share), submits it with ``sbatch --wait``, and while
 it waits turns each row a task has written into a gradebook row. Task ``i``
 grades chunk ``i`` of the manifest, one ``k2c grade`` process per submission,
-exactly as a local run does (``python -m autograder.gradebook_slurm MANIFEST i``).
+exactly as a local run does (``python -m autograder.instructor.gradebook_slurm MANIFEST i``).
 A submission whose task left no row (the task was killed, the node died) gets a
 ``crashed`` row naming the task's log.
 """
@@ -23,8 +23,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from autograder.gradebook import Row, RowStatus, Settings, grade_one, safely
-from autograder.labs import UsageError
+from autograder.instructor.gradebook import Row, RowStatus, Settings, grade_one, safely
+from autograder.grading.labs import UsageError
 
 POLL_S = 1.0
 
@@ -32,7 +32,7 @@ POLL_S = 1.0
 def batch_script(manifest: Path, tasks: int, throttle: int | None, minutes: int) -> str:
     work = manifest.parent
     array = f"0-{tasks - 1}" + (f"%{throttle}" if throttle else "")
-    command = " ".join(map(shlex.quote, [sys.executable, "-m", "autograder.gradebook_slurm", str(manifest)]))
+    command = " ".join(map(shlex.quote, [sys.executable, "-m", "autograder.instructor.gradebook_slurm", str(manifest)]))
     return "\n".join([
         "#!/bin/bash",
         "#SBATCH --job-name=k2c-grade",
@@ -45,6 +45,11 @@ def batch_script(manifest: Path, tasks: int, throttle: int | None, minutes: int)
         f'exec {command} "$SLURM_ARRAY_TASK_ID"',
         "",
     ])
+
+
+def array_runner(chunk: int):
+    """``grade_class``'s way to grade its rows as a job array of ``chunk`` submissions a task."""
+    return lambda todo, settings, scratch, jobs, record: run_array(todo, settings, scratch, jobs, chunk, record)
 
 
 def run_array(todo, settings: Settings, scratch: Path, jobs: int | None, chunk: int, record) -> None:

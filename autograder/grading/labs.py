@@ -6,7 +6,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-CHECKS_ROOT = Path(__file__).parent / "checks"
+CHECKS_ROOT = Path(__file__).parent.parent / "checks"
 
 
 class UsageError(Exception):

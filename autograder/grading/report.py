@@ -6,7 +6,7 @@ import json
 import textwrap
 import xml.etree.ElementTree as ET
 
-from autograder.runner import LabResult
+from autograder.grading.runner import LabResult
 
 FORMATS = ("text", "json", "gradescope", "junit", "classroom")
 
@@ -225,3 +225,33 @@ def failure(fmt: str, message: str) -> str:
         ET.SubElement(case, "error", message=text).text = text
         return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
     return text + "\n"
+
+def write_results(path: str, text: str) -> None:
+    """Write the report whole or not at all: a temporary file beside it, then a rename.
+    It runs after every call into the submission has ended with all its processes,
+    and no sandboxed process can reach this folder, so nothing rewrites it later."""
+    import os
+    import stat
+    import tempfile
+    from pathlib import Path
+
+    target = Path(path)
+    if target.exists() and not stat.S_ISREG(target.stat().st_mode):
+        # /dev/null, /dev/stdout, a pipe: written to, never replaced (a rename as
+        # root would put a plain file where /dev/null was).
+        with open(target, "w") as f:
+            f.write(text)
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+

@@ -15,7 +15,7 @@ machine (``detect()``, probed once per process) and every report says which.
   traced.
 ``subreaper`` (no namespaces: bubblewrap is missing, or the machine refuses it,
   as unprivileged containers often do)
-  A supervisor (``autograder.reaper``) adopts every orphan the call leaves and
+  A supervisor (``autograder.sandbox.reaper``) adopts every orphan the call leaves and
   kills them all when the call ends. The files and the network are the
   machine's.
 
@@ -39,7 +39,8 @@ import sys
 from dataclasses import dataclass
 
 NOBODY = (65534, 65534)
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # holds autograder/ and course/
+GRADER_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # autograder/
+PACKAGE_ROOT = os.path.dirname(GRADER_ROOT)  # holds autograder/ and course/
 # Folders that may hold other people's files (home folders, other runs' scratch):
 # inside bubblewrap they are empty, except for what the call needs put back.
 HIDDEN = ("/tmp", "/var/tmp", "/root", "/home")
@@ -86,7 +87,7 @@ class Isolation:
     def command(self, inner: list[str], scratch: str, expose: list[str], devices: bool) -> list[str]:
         """The command line that runs ``inner`` (a Python command) isolated, in ``scratch``."""
         if self.layer is Layer.SUBREAPER:
-            return [sys.executable, "-m", "autograder.reaper", "--", *inner]
+            return [sys.executable, "-m", "autograder.sandbox.reaper", "--", *inner]
         args = ["bwrap", "--die-with-parent", "--new-session",
                 "--unshare-pid", "--unshare-net", "--unshare-ipc",
                 "--ro-bind", "/", "/",
@@ -104,7 +105,7 @@ class Isolation:
             for i in range(len(parts)):
                 args += ["--perms", "0755", "--dir", "/".join([hidden, *parts[:i + 1]])]
             args += ["--ro-bind", path, path]
-        # The server (autograder.child) keeps only what it needs to make each call's child
+        # The server (autograder.sandbox.child) keeps only what it needs to make each call's child
         # nobody, which has no capabilities at all, and to kill what that child leaves.
         args += ["--cap-drop", "ALL"]
         if self.uid is not None:
@@ -113,7 +114,7 @@ class Isolation:
 
     def child_env(self, scratch: str) -> dict[str, str]:
         """What the server needs to know: who its children become
-        (``autograder.reaper.drop_privileges``), their scratch folder as HOME and
+        (``autograder.sandbox.reaper.drop_privileges``), their scratch folder as HOME and
         TMPDIR, as the student's code sees it, and the folders it empties after each call."""
         inside = "/tmp" if self.layer is Layer.BUBBLEWRAP else scratch
         run_as = "" if self.uid is None else f"{self.uid}:{self.gid}"
@@ -175,8 +176,8 @@ def _probe(isolation: Isolation) -> str:
         if isolation.uid is not None:
             os.chown(scratch, isolation.uid, isolation.gid)
         os.chmod(scratch, 0o711)  # bubblewrap, without capabilities, must enter it
-        inner = [sys.executable, "-c", "import os, autograder.reaper as r; r.drop_privileges(os.environ['K2C_RUN_AS']); "
-                 "import autograder.child, course"]
+        inner = [sys.executable, "-c", "import os, autograder.sandbox.reaper as r; r.drop_privileges(os.environ['K2C_RUN_AS']); "
+                 "import autograder.sandbox.child, course"]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")])),
                    **isolation.child_env(scratch))
         try:

@@ -1,10 +1,10 @@
-"""The sandboxed side of the calls into student code: ``python -m autograder.child``.
+"""The sandboxed side of the calls into student code: ``python -m autograder.sandbox.child``.
 
 One such process serves every call of one sandbox (``autograder.sandbox.Sandbox``).
 It imports what the lab's calls need once (``K2C_PRELOAD``: torch, numba), then
 for each request the grader writes to its stdin it forks a child that
 
-- becomes the student's user (``autograder.reaper.drop_privileges``),
+- becomes the student's user (``autograder.sandbox.reaper.drop_privileges``),
 - runs the request in a fresh folder of the scratch space, and
 - writes its reply into a pipe, then leaves with ``os._exit``, so that no atexit
   handler or stray thread of the student's can keep it alive.
@@ -12,7 +12,7 @@ for each request the grader writes to its stdin it forks a child that
 When that child ends, the server kills every process it left (orphans come back
 to the server, a child subreaper), empties the scratch space, and only then
 sends the grader the child's exit status and its reply. It passes the reply
-on as bytes, unread: only the grader decodes it (``autograder.codec``).
+on as bytes, unread: only the grader decodes it (``autograder.sandbox.codec``).
 
 The student's processes cannot reach the server: under bubblewrap it stays
 root (with only CAP_SETUID, CAP_SETGID and CAP_KILL, to make the children and
@@ -33,8 +33,8 @@ import tempfile
 import threading
 import traceback
 
-from autograder import codec
-from autograder.reaper import PR_SET_CHILD_SUBREAPER, _prctl, drop_privileges, kill_and_reap_all
+from autograder.sandbox import codec
+from autograder.sandbox.reaper import PR_SET_CHILD_SUBREAPER, _prctl, drop_privileges, kill_and_reap_all
 from course import cuda_sim, refuse
 
 # grader -> server: a length, then a request (codec); server -> grader: the child's

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from autograder.submission import Submission, SubmissionError
+from autograder.grading.submission import Submission, SubmissionError
 
 
 @dataclass

@@ -137,7 +137,7 @@ def compiled_kernels(submission, module_name: str, signatures: dict, kernel: str
     simulator off. One kernel at a time: a grading that selects a few checks
     compiles only the kernels they launch."""
     return submission.once(("compiled", module_name, kernel), lambda: submission.compiling().call(
-        "autograder.checking.compile_kernels", module_name, {kernel: signatures[kernel]}))
+        "autograder.grading.checking.compile_kernels", module_name, {kernel: signatures[kernel]}))
 
 
 def require_compiles(submission, module_name: str, signatures: dict, kernel: str) -> None:
@@ -164,7 +164,7 @@ def expect_compiled(compiled: dict, name: str, metrics: dict | None = None, note
     where this machine cannot compile."""
     import pytest
 
-    from autograder.submission import not_implemented_yet
+    from autograder.grading.submission import not_implemented_yet
 
     if "unavailable" in compiled:
         pytest.skip(f"cannot compile for a GPU here: {compiled['unavailable']}")

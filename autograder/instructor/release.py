@@ -29,7 +29,7 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
-from autograder.sync import BEGIN, END, SKIP, differences, expected_labs
+from autograder.instructor.sync import BEGIN, END, SKIP, differences, expected_labs
 
 FOLDERS = ("course", "autograder")
 FILES = ("pyproject.toml", "environment.yml", "scripts/slurm-localhost.sh")

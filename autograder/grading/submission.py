@@ -108,7 +108,7 @@ class Submission:
 
     def compiling(self) -> "Submission":
         """The same submission with the simulator off, whatever the tier: for calls
-        that compile its kernels for a real GPU (``autograder.checking.compile_kernels``),
+        that compile its kernels for a real GPU (``autograder.grading.checking.compile_kernels``),
         which needs no GPU but must not run in the simulator."""
         if self._compiling is None:
             self._compiling = Submission(self.path, self.harness_path, self.tier, self.limits,

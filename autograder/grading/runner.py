@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from autograder import isolation
-from autograder.labs import Lab, UsageError, locate_submission, with_used_files
-from autograder.plugin import CheckResult, GradingPlugin, check_title, register_marks
+from autograder.sandbox import isolation
+from autograder.grading.labs import Lab, UsageError, locate_submission, with_used_files
+from autograder.grading.plugin import CheckResult, GradingPlugin, check_title, register_marks
 from autograder.sandbox import Limits
-from autograder.submission import Submission
+from autograder.grading.submission import Submission
 from course import refuse
 from course.tier import current_tier
 
@@ -33,7 +33,7 @@ class LabResult:
     submission: str
     checks: list[CheckResult] = field(default_factory=list)
     duration_s: float = 0.0
-    isolation: dict = field(default_factory=dict)  # autograder.isolation.Isolation.as_dict()
+    isolation: dict = field(default_factory=dict)  # autograder.sandbox.isolation.Isolation.as_dict()
     checks_digest: str = ""  # sha256 of the lab's check files that graded it
     student_s: float = 0.0  # of duration_s, the wall time inside calls into the student's code
 
