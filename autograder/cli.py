@@ -38,7 +38,7 @@ def _grade(args) -> int:
     from autograder.grading import report
     from autograder.grading.report import write_results
     from autograder.grading.labs import UsageError, all_labs, find_lab
-    from autograder.grading.runner import NoCheckSelected, grade, resolve_tier
+    from autograder.grading.runner import LabStatus, NoCheckSelected, grade, resolve_tier
 
     labs = all_labs() if args.lab == "all" else [find_lab(args.lab)]
     if args.list:
@@ -57,6 +57,8 @@ def _grade(args) -> int:
                 raise
             sys.stderr.write("no check matches -k: skipped\n")  # `all -k ring` grades the labs that have one
             continue
+        if result.status is LabStatus.MISSING:
+            sys.stderr.write(f"missing: no lab files found ({', '.join(result.searched)})")
         sys.stderr.write(f" {result.duration_s:.1f} s\n")
         results.append(result)
     if not results:
@@ -68,7 +70,7 @@ def _grade(args) -> int:
             sys.stdout.write(report.render(results, "text"))
     else:
         sys.stdout.write(rendered)
-    full = all(r.score >= r.max_score for r in results)
+    full = all(r.status is LabStatus.GRADED and r.score >= r.max_score for r in results)
     return EXIT_BELOW_FULL if args.require_full and not full else EXIT_OK
 
 
@@ -184,8 +186,9 @@ def parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("grade", help="grade a lab (or all labs) of a submission")
     g.add_argument("lab", help="lab number (02), slug (02-cuda-model) or 'all'")
-    g.add_argument("--submission", metavar="DIR",
-                   help="folder holding NN-slug/ lab folders, or the lab's files themselves (default: ./labs, else .)")
+    g.add_argument("--submission", metavar="DIR|ZIP",
+                   help="a folder or .zip holding the lab's files, NN-slug/ lab folders, or a student repository "
+                        "(labs/NN-slug/), perhaps inside one wrapping folder (default: ./labs, else .)")
     g.add_argument("--tier", choices=("auto", "cpu", "gpu"), default="auto")
     g.add_argument("--format", choices=("text", "json", "gradescope", "junit", "classroom"), default="text")
     g.add_argument("-o", "--output", metavar="FILE", help="write the report here (the text table still goes to stdout)")

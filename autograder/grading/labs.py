@@ -1,10 +1,12 @@
-"""Where the labs are: one folder of checks per lab, ``autograder/checks/NN-slug``."""
+"""Where the labs are (one folder of checks per lab, ``autograder/checks/NN-slug``),
+and where a submission holds a lab's files (``locate``; a zip is ``unpack``-ed first)."""
 from __future__ import annotations
 
 import hashlib
 import tomllib
+import zipfile
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 CHECKS_ROOT = Path(__file__).parent.parent / "checks"
 
@@ -72,7 +74,9 @@ def with_used_files(lab: Lab, folder: Path, root: Path, into: Path) -> Path:
     labs' files, a copy of it in ``into`` with each used file beside the lab's own.
 
     A used file is always the student's own: already beside the lab's files (a
-    flat upload), or the submission's earlier lab (``root/08-data-parallel/ddp.py``).
+    flat upload), or the submission's earlier lab (``root/08-data-parallel/ddp.py``,
+    where ``root`` is the folder the lab's folder was found in, ``locate``'s
+    ``Found.root``: ``labs/`` of a student repository).
     It never comes from ``solutions/``: the student's code could read a reference
     file put in its folder and print it into its feedback. Without it the
     student's import fails, and the checks that need it say so.
@@ -90,18 +94,125 @@ def with_used_files(lab: Lab, folder: Path, root: Path, into: Path) -> Path:
     return staged
 
 
-def locate_submission(lab: Lab, root: Path) -> tuple[Path, str | None]:
-    """The folder holding the lab's files: ``root/NN-slug`` or ``root`` itself.
+# Names that are never a submission's own: version control, caches, and what
+# archivers and editors leave beside the files. Left out of zips, of digests,
+# and when deciding whether a submission is one folder wrapped around the rest.
+CLUTTER = frozenset({".git", "__pycache__", ".ipynb_checkpoints", "__MACOSX", ".venv"})
+# A zip bigger than this unpacked, or with more members, is refused (a zip bomb
+# would fill the disk before any grading started).
+MAX_UNPACKED_BYTES = 256 * 2**20
+MAX_MEMBERS = 5000
 
-    Returns the folder and, when the files are missing, a message saying so
-    (the lab is then graded as zero with that message, not refused).
+
+class Unreadable(Exception):
+    """A submission's zip that cannot be unpacked safely."""
+
+
+def unpack(archive: Path, into: Path) -> Path:
+    """Unpack a student's zip into ``into`` and return the folder to grade.
+    Members that would land outside ``into`` (absolute paths, ``..``), links,
+    and archives past the size limits are refused; a zip of one folder is
+    graded from inside that folder."""
+    archive, into = Path(archive), Path(into)
+    try:
+        with zipfile.ZipFile(archive) as z:
+            members = [m for m in z.infolist() if not m.is_dir()]
+            if len(members) > MAX_MEMBERS:
+                raise Unreadable(f"{archive.name} has {len(members)} files (at most {MAX_MEMBERS})")
+            budget = MAX_UNPACKED_BYTES
+            for m in members:
+                name = PurePosixPath(m.filename.replace("\\", "/"))
+                if name.is_absolute() or ".." in name.parts:
+                    raise Unreadable(f"{archive.name} holds {m.filename!r}, a path outside the submission")
+                if (m.external_attr >> 16) & 0o170000 == 0o120000 or CLUTTER & set(name.parts):
+                    continue  # links, and clutter such as __MACOSX/
+                target = into.joinpath(*name.parts)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with z.open(m) as src, open(target, "wb") as dst:
+                    while chunk := src.read(2**20):  # the sizes in the header can lie: count what comes out
+                        budget -= len(chunk)
+                        if budget < 0:
+                            raise Unreadable(f"{archive.name} unpacks to more than {MAX_UNPACKED_BYTES >> 20} MiB")
+                        dst.write(chunk)
+    except (zipfile.BadZipFile, OSError, RuntimeError, ValueError) as exc:  # RuntimeError: encrypted members
+        raise Unreadable(f"{archive.name} is not a readable zip: {exc}") from None
+    into.mkdir(parents=True, exist_ok=True)  # a zip of nothing
+    root = into
+    while (inner := _wrapped(root)) is not None:
+        root = inner
+    return root
+
+
+def _wrapped(folder: Path) -> Path | None:
+    """The one folder ``folder`` holds besides clutter and hidden names, if that is all it holds."""
+    inside = [p for p in folder.iterdir() if p.name not in CLUTTER and not p.name.startswith(".")]
+    if len(inside) == 1 and inside[0].is_dir() and not inside[0].is_symlink():
+        return inside[0]
+    return None
+
+
+@dataclass(frozen=True)
+class Found:
+    """Where a submission holds a lab's files (``locate``)."""
+    folder: Path | None  # the folder holding the lab's files; None when it holds none of them
+    root: Path | None  # where the lab's earlier labs are (``with_used_files``): the folder around ``folder``'s
+    missing: tuple[str, ...]  # the lab's files that ``folder`` lacks, when it has only some
+    searched: tuple[str, ...]  # the folders looked in, relative to the submission ("." for its top)
+
+    def missing_message(self) -> str | None:
+        """When only some of the lab's files are there: what the checks say instead of grading."""
+        if self.folder is None or not self.missing:
+            return None
+        return f"the submission has no {', '.join(self.missing)} (looked in {self.folder})"
+
+
+def locate(lab: Lab, root: Path, shown_from: Path | None = None) -> Found:
+    """Find ``lab``'s files in the submission ``root``, in any of its shapes:
+
+    - the lab's files at the top (a flat upload, as Gradescope hands over);
+    - ``NN-slug/`` at the top (like ``labs/`` or ``solutions/`` themselves);
+    - ``labs/NN-slug/``: a student repository (``k2c release``'s clone, which
+      GitHub Classroom and Gradescope's GitHub upload hand over);
+    - any of those inside one wrapping folder (``root`` holding that folder
+      alone, clutter such as ``.git`` or ``__MACOSX`` aside).
+
+    The first folder with all of the lab's files wins, else the first with
+    some of them (the checks then say which are missing). With none, ``folder``
+    is None and ``searched`` lists where it looked, relative to ``shown_from``
+    (default ``root``). ``root`` of the result is where the lab's earlier labs
+    sit: ``labs/`` for ``labs/NN-slug/``, the top for ``NN-slug/`` and for a
+    flat upload (whose used files are beside the lab's own). ``solutions/`` is
+    never looked in unless it is the submission itself.
     """
     root = Path(root)
     if not root.is_dir():
         raise UsageError(f"submission folder {str(root)!r} does not exist")
-    for candidate in (root / lab.slug, root):
-        if all((candidate / f).is_file() for f in lab.files):
-            return candidate.resolve(), None
-    where = root / lab.slug if (root / lab.slug).is_dir() else root
-    missing = [f for f in lab.files if not (where / f).is_file()]
-    return where.resolve(), f"the submission has no {', '.join(missing)} (looked in {where})"
+    shown_from = Path(shown_from) if shown_from is not None else root
+    bases = [root]
+    if (inner := _wrapped(root)) is not None:
+        bases.append(inner)
+    candidates: list[tuple[Path, Path]] = []  # (folder, the root of its labs)
+    for base in bases:
+        for folder, labs_root in ((base, base), (base / lab.slug, base), (base / "labs" / lab.slug, base / "labs")):
+            if all(folder.resolve() != seen.resolve() for seen, _ in candidates):
+                candidates.append((folder, labs_root))
+    partial = None
+    for folder, labs_root in candidates:
+        present = [f for f in lab.files if (folder / f).is_file()]
+        if len(present) == len(lab.files):
+            return Found(folder.resolve(), labs_root.resolve(), (), ())
+        if present and partial is None:
+            partial = Found(folder.resolve(), labs_root.resolve(),
+                            tuple(f for f in lab.files if f not in present), ())
+    searched = tuple(_shown(folder, shown_from) for folder, _ in candidates)
+    if partial is not None:
+        return Found(partial.folder, partial.root, partial.missing, searched)
+    return Found(None, None, (), searched)
+
+
+def _shown(folder: Path, base: Path) -> str:
+    try:
+        rel = folder.relative_to(base).as_posix()
+    except ValueError:
+        return str(folder)
+    return "./" if rel == "." else rel + "/"

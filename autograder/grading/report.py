@@ -1,4 +1,9 @@
-"""Reports of graded labs: a text table for people; JSON, Gradescope, JUnit and GitHub Classroom for machines."""
+"""Reports of graded labs: a text table for people; JSON, Gradescope, JUnit and GitHub Classroom for machines.
+
+A lab whose files were not found (status ``missing``, ``runner.LabStatus``) ran
+no check: every format says so in words, with the folders looked in, and
+scores it 0 of the lab's maximum.
+"""
 from __future__ import annotations
 
 import base64
@@ -6,7 +11,7 @@ import json
 import textwrap
 import xml.etree.ElementTree as ET
 
-from autograder.grading.runner import LabResult
+from autograder.grading.runner import LabResult, LabStatus
 
 FORMATS = ("text", "json", "gradescope", "junit", "classroom")
 
@@ -25,7 +30,13 @@ def _metrics(metrics: dict) -> str:
 
 
 def _isolation(r: LabResult) -> str:
+    if not r.isolation and r.status is LabStatus.MISSING:
+        return "none needed, no check ran"
     return f"{r.isolation.get('layer', '?')}, as {r.isolation.get('user', '?')}"
+
+
+def _missing(r: LabResult) -> bool:
+    return r.status is LabStatus.MISSING
 
 
 def text(results: list[LabResult]) -> str:
@@ -33,6 +44,13 @@ def text(results: list[LabResult]) -> str:
     for r in results:
         lines.append(f"Lab {r.lab} — {r.title}")
         lines.append(f"  {r.tier.upper()} tier · submission {r.submission}")
+        if _missing(r):
+            lines.append(f"  MISSING: no lab files found. None of {', '.join(r.files)} is in the submission;")
+            lines.append("  no check ran. Looked in:")
+            lines.extend(f"    {where}" for where in r.searched)
+            lines.append(f"  Score: 0/{_pts(r.max_score)} (missing)   ({r.duration_s:.1f} s)")
+            lines.append("")
+            continue
         lines.append(f"  isolation: {_isolation(r)} · checks sha256 {r.checks_digest[:12]}")
         lines.append(f"  {'points':>7}  {'status':<8} check")
         for c in r.checks:
@@ -51,7 +69,8 @@ def text(results: list[LabResult]) -> str:
     if len(results) > 1:
         lines.append("Scoreboard")
         for r in results:
-            lines.append(f"  {r.lab:<28} {_pts(r.score):>6}/{_pts(r.max_score):<6} {r.tier.upper()} tier")
+            lines.append(f"  {r.lab:<28} {_pts(r.score):>6}/{_pts(r.max_score):<6} {r.tier.upper()} tier"
+                         + ("  MISSING: no lab files found" if _missing(r) else ""))
         total, top = sum(r.score for r in results), sum(r.max_score for r in results)
         lines.append(f"  {'total':<28} {_pts(total):>6}/{_pts(top):<6}")
     return "\n".join(lines) + "\n"
@@ -59,7 +78,8 @@ def text(results: list[LabResult]) -> str:
 
 def _lab_json(r: LabResult) -> dict:
     return {
-        "lab": r.lab, "title": r.title, "tier": r.tier, "submission": r.submission,
+        "lab": r.lab, "title": r.title, "tier": r.tier, "submission": r.submission, "status": r.status.value,
+        **({"message": r.message, "files": list(r.files), "searched": list(r.searched)} if _missing(r) else {}),
         "score": r.score, "max_score": r.max_score, "duration_s": round(r.duration_s, 3),
         "student_s": round(r.student_s, 3),
         "isolation": r.isolation, "checks_sha256": r.checks_digest,
@@ -123,15 +143,24 @@ def gradescope(results: list[LabResult]) -> str:
                           "tags": [r.lab, c.status], "visibility": "visible"})
     tiers = sorted({r.tier for r in results})
     layers = sorted({_isolation(r) for r in results})
+    output = f"Graded on the {'/'.join(t.upper() for t in tiers)} tier by k2c (isolation: {'; '.join(layers)})."
+    missing = [r for r in results if _missing(r)]
+    if missing:  # no test to show it in: the top of the results page says it
+        output = "\n\n".join(
+            [f"Lab {r.lab}: no lab files found, so nothing was graded (0/{_pts(r.max_score)}). None of "
+             f"{', '.join(r.files)} is in your submission. Looked in: {', '.join(r.searched)}. Upload the "
+             f"lab's files themselves, or your repository with them in labs/{r.lab}/." for r in missing]
+            + ([output] if len(missing) < len(results) else []))
     report = {
         "score": sum(r.score for r in results),
         "execution_time": round(sum(r.duration_s for r in results), 1),
-        "output": f"Graded on the {'/'.join(t.upper() for t in tiers)} tier by k2c (isolation: {'; '.join(layers)}).",
+        "output": output,
         "visibility": "visible",
         # run_autograder's stdout is the grader's own table and progress: the tests say the same, for students.
         "stdout_visibility": "hidden",
         "extra_data": {"isolation": results[0].isolation if results else {},
-                       "checks_sha256": {r.lab: r.checks_digest for r in results}},
+                       "checks_sha256": {r.lab: r.checks_digest for r in results},
+                       "status": {r.lab: r.status.value for r in results}},
         "tests": tests,
     }
     board = leaderboard(results)
@@ -153,6 +182,10 @@ CLASSROOM_STATUS = {"passed": "pass", "skipped": "pass", "failed": "fail", "time
 def _classroom_json(results: list[LabResult]) -> dict:
     tests = []
     for r in results:
+        if _missing(r):  # the reporter prints an "error" test's message: the student sees where it looked
+            tests.append({"name": f"{r.lab}: the lab's files", "status": "error", "score": 0,
+                          "message": r.message, "test_code": f"k2c grade {r.lab[:2]}",
+                          "filename": "", "line_no": 0, "duration": round(r.duration_s * 1000)})
         for c in r.checks:
             skipped = c.status == "skipped"
             name = f"{r.lab}: {c.title}" if len(results) > 1 else c.title
@@ -162,7 +195,7 @@ def _classroom_json(results: list[LabResult]) -> dict:
                           # what a student runs to see this check's feedback in full
                           "test_code": f"k2c grade {r.lab[:2]} -k {c.name.split('[')[0]}",
                           "filename": "", "line_no": 0, "duration": round(c.duration_s * 1000)})
-    full = all(r.score >= r.max_score for r in results)
+    full = all(r.score >= r.max_score and not _missing(r) for r in results)
     return {"version": 1, "status": "pass" if results and full else "fail",
             "max_score": sum(r.max_score for r in results), "tests": tests}
 
@@ -179,13 +212,25 @@ def classroom(results: list[LabResult]) -> str:
 def junit(results: list[LabResult]) -> str:
     suites = ET.Element("testsuites")
     for r in results:
+        if _missing(r):  # one failing case, so that CI shows it red and why
+            suite = ET.SubElement(suites, "testsuite", name=r.lab, tests="1", failures="1", errors="0",
+                                  skipped="0", time=f"{r.duration_s:.3f}")
+            properties = ET.SubElement(suite, "properties")
+            for name, value in (("tier", r.tier), ("status", r.status.value), ("checks_sha256", r.checks_digest),
+                                ("searched", ", ".join(r.searched))):
+                ET.SubElement(properties, "property", name=name, value=value)
+            case = ET.SubElement(suite, "testcase", classname=r.lab, name="the lab's files", time="0.000")
+            ET.SubElement(case, "failure", type="missing", message=r.message).text = r.message
+            ET.SubElement(case, "system-out").text = f"points 0/{_pts(r.max_score)}"
+            continue
         suite = ET.SubElement(suites, "testsuite", name=r.lab, tests=str(len(r.checks)),
                               failures=str(sum(c.status == "failed" for c in r.checks)),
                               errors=str(sum(c.status in ("error", "timeout") for c in r.checks)),
                               skipped=str(sum(c.status == "skipped" for c in r.checks)),
                               time=f"{r.duration_s:.3f}")
         properties = ET.SubElement(suite, "properties")
-        for name, value in (("tier", r.tier), ("isolation", _isolation(r)), ("checks_sha256", r.checks_digest)):
+        for name, value in (("tier", r.tier), ("status", r.status.value), ("isolation", _isolation(r)),
+                            ("checks_sha256", r.checks_digest)):
             ET.SubElement(properties, "property", name=name, value=value)
         for c in r.checks:
             case = ET.SubElement(suite, "testcase", classname=r.lab, name=c.title, time=f"{c.duration_s:.3f}")

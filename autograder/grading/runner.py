@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import io
 import json
 import os
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from autograder.sandbox import isolation
-from autograder.grading.labs import Lab, UsageError, locate_submission, with_used_files
+from autograder.grading.labs import Found, Lab, Unreadable, UsageError, locate, unpack, with_used_files
 from autograder.grading.plugin import CheckResult, GradingPlugin, check_title, register_marks
 from autograder.sandbox import Limits
 from autograder.grading.submission import Submission
@@ -23,6 +24,21 @@ from course.tier import current_tier
 
 class NoCheckSelected(UsageError):
     """``-k`` picks none of the lab's checks."""
+
+
+class LabStatus(str, enum.Enum):
+    """What grading one lab of a submission came to: ``LabResult.status``, the
+    ``status`` of every report, and the same words in ``k2c grade-class``'s rows
+    (``autograder.instructor.gradebook.RowStatus``).
+
+    ``graded``   the checks ran; the score is the submission's (some of the
+                 lab's files may be missing: their checks say so)
+    ``missing``  none of the lab's files is in the submission: no check ran,
+                 the score is 0 and ``searched`` lists the folders looked in.
+                 Never reported as ``graded`` with 0.
+    """
+    GRADED = "graded"
+    MISSING = "missing"
 
 
 @dataclass
@@ -36,6 +52,10 @@ class LabResult:
     isolation: dict = field(default_factory=dict)  # autograder.sandbox.isolation.Isolation.as_dict()
     checks_digest: str = ""  # sha256 of the lab's check files that graded it
     student_s: float = 0.0  # of duration_s, the wall time inside calls into the student's code
+    status: LabStatus = LabStatus.GRADED
+    files: tuple[str, ...] = ()  # the lab's files (what was looked for)
+    searched: tuple[str, ...] = ()  # missing: the folders looked in, relative to the submission
+    missing_max: float = 0.0  # missing: what the checks that would have run are worth
 
     @property
     def score(self) -> float:
@@ -43,7 +63,17 @@ class LabResult:
 
     @property
     def max_score(self) -> float:
+        if self.status is LabStatus.MISSING:
+            return self.missing_max
         return sum(c.max_points for c in self.checks if c.status != "skipped")
+
+    @property
+    def message(self) -> str:
+        """One line on what happened, for a lab that was not graded (else empty)."""
+        if self.status is not LabStatus.MISSING:
+            return ""
+        return (f"no lab files found: none of {', '.join(self.files)} is in the submission "
+                f"(looked in {', '.join(self.searched)}); no check ran")
 
 
 def resolve_tier(requested: str) -> str:
@@ -91,13 +121,48 @@ def child_environment(tier: str, lab: Lab | None = None) -> dict[str, str]:
 
 def grade(lab: Lab, submission_root: Path, tier: str, timeout_s: float | None = None,
           select: str | None = None, on_result=None, sandbox_for=None) -> LabResult:
-    """Grade ``submission_root`` on ``lab``'s checks (those ``select``, a ``-k`` expression, picks).
+    """Grade ``submission_root`` (a folder or a ``.zip``, in any shape ``locate`` knows) on
+    ``lab``'s checks (those ``select``, a ``-k`` expression, picks). With none of the lab's
+    files in it, no check runs and the result's status is ``missing``.
     ``sandbox_for``: see ``Submission``; None gives this grading a sandbox of its own."""
     start = time.monotonic()
-    folder, missing = locate_submission(lab, submission_root)
-    with tempfile.TemporaryDirectory(prefix="k2c-uses-") as scratch:
-        graded = with_used_files(lab, folder, Path(submission_root), Path(scratch))
-        return _grade_folder(lab, folder, graded, missing, tier, timeout_s, select, on_result, start, sandbox_for)
+    submission_root = Path(submission_root)
+    with tempfile.TemporaryDirectory(prefix="k2c-grade-") as tmp:
+        scratch = Path(tmp).resolve()
+        root, shown, shown_from = submission_root, submission_root, None
+        if submission_root.is_file() and submission_root.suffix.lower() == ".zip":
+            top = scratch / "unpacked"
+            try:
+                root = unpack(submission_root, top)
+            except Unreadable as exc:
+                raise UsageError(str(exc)) from None
+            shown_from = top
+        elif submission_root.exists() and not submission_root.is_dir():
+            raise UsageError(f"submission {str(submission_root)!r} is neither a folder nor a .zip")
+        found = locate(lab, root, shown_from)
+        if found.folder is None:
+            return _missing(lab, tier, select, found, shown, start)
+        graded = with_used_files(lab, found.folder, found.root, scratch / "uses")
+        # A zip's files are graded from a folder that is gone once this returns: the report names the zip.
+        where = found.folder
+        if shown_from is not None:
+            inside = found.folder.relative_to(shown_from).as_posix()
+            where = submission_root.resolve() if inside == "." else Path(f"{submission_root.resolve()}!/{inside}")
+        return _grade_folder(lab, where, graded, found.missing_message(), tier, timeout_s, select, on_result, start,
+                             sandbox_for)
+
+
+def _missing(lab: Lab, tier: str, select: str | None, found: Found, shown: Path, start: float) -> LabResult:
+    """The result for a submission without any of the lab's files: no check runs (nothing
+    of the student's to call), but they are collected, so the maximum is the lab's and a
+    broken install still fails here as it would grading."""
+    checks = list_checks(lab, select)
+    if select and not checks:
+        raise NoCheckSelected(f"no check of lab {lab.slug} matches -k {select!r} (k2c grade {lab.number} --list "
+                              "shows their names)")
+    top = sum(c.max_points for c in checks if tier == "gpu" or not c.gpu)
+    return LabResult(lab.slug, lab.title, tier, str(shown.resolve()), [], time.monotonic() - start, {},
+                     lab.checks_digest(), 0.0, LabStatus.MISSING, tuple(lab.files), found.searched, top)
 
 
 @dataclass(frozen=True)
