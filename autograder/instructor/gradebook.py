@@ -9,6 +9,10 @@ nothing and ``--resume`` picks it up: a submission whose digest is already
 graded is not graded again. Every submission gets its row, whatever happened:
 
 ``graded``      the grader ran to the end; the score is the submission's
+``missing``     none of the lab's files is in the submission, in any shape the
+                grader knows (the lab's files, ``NN-slug/``, ``labs/NN-slug/``,
+                each perhaps in one wrapping folder): no check ran, scored 0,
+                the message lists the folders looked in. Never ``graded`` 0
 ``empty``       no files at all
 ``unreadable``  a zip that cannot be unpacked safely (the message says why)
 ``crashed``     the grading process failed (never the student's code: that runs
@@ -32,29 +36,24 @@ import sys
 import tempfile
 import threading
 import time
-import zipfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
-from autograder.grading.labs import Lab, UsageError
-
-# A zip bigger than this unpacked, or with more members, is refused (a zip bomb
-# would fill the disk before any grading started).
-MAX_UNPACKED_BYTES = 256 * 2**20
-MAX_MEMBERS = 5000
-_SKIPPED_PARTS = {".git", "__pycache__", ".ipynb_checkpoints", "__MACOSX", ".venv"}
+from autograder.grading.labs import (CLUTTER as _SKIPPED_PARTS, MAX_MEMBERS, MAX_UNPACKED_BYTES,  # noqa: F401
+                                     Lab, Unreadable, UsageError, unpack)
+from autograder.grading.runner import LabStatus
 
 
 class RowStatus(str, enum.Enum):
-    """What happened to one submission (the module docstring says what each means)."""
-    GRADED = "graded"
+    """What happened to one submission (the module docstring says what each means).
+    ``graded`` and ``missing`` are ``k2c grade``'s own words (``runner.LabStatus``)."""
+    GRADED = LabStatus.GRADED.value
+    MISSING = LabStatus.MISSING.value
     EMPTY = "empty"
     UNREADABLE = "unreadable"
     CRASHED = "crashed"
     TIMEOUT = "timeout"
-
-
 
 
 @dataclass
@@ -76,10 +75,6 @@ class Row:
     @classmethod
     def from_dict(cls, data: dict) -> "Row":
         return cls(**dict(data, status=RowStatus(data["status"])))
-
-
-class Unreadable(Exception):
-    """A submission that cannot be unpacked safely."""
 
 
 # ---------------------------------------------------------------------------
@@ -109,42 +104,6 @@ def find_submissions(folder: Path) -> list[Entry]:
     if not entries:
         raise UsageError(f"{folder} holds no submissions: expected one folder or .zip per student, named by the student's id")
     return entries
-
-
-def unpack(archive: Path, into: Path) -> Path:
-    """Unpack a student's zip into ``into`` and return the folder to grade.
-    Members that would land outside ``into`` (absolute paths, ``..``), links,
-    and archives past the size limits are refused; a zip of one folder is
-    graded from inside that folder."""
-    try:
-        with zipfile.ZipFile(archive) as z:
-            members = [m for m in z.infolist() if not m.is_dir()]
-            if len(members) > MAX_MEMBERS:
-                raise Unreadable(f"{archive.name} has {len(members)} files (at most {MAX_MEMBERS})")
-            budget = MAX_UNPACKED_BYTES
-            for m in members:
-                name = PurePosixPath(m.filename.replace("\\", "/"))
-                if name.is_absolute() or ".." in name.parts:
-                    raise Unreadable(f"{archive.name} holds {m.filename!r}, a path outside the submission")
-                if (m.external_attr >> 16) & 0o170000 == 0o120000 or _SKIPPED_PARTS & set(name.parts):
-                    continue  # links, and clutter such as __MACOSX/
-                target = into.joinpath(*name.parts)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with z.open(m) as src, open(target, "wb") as dst:
-                    while chunk := src.read(2**20):  # the sizes in the header can lie: count what comes out
-                        budget -= len(chunk)
-                        if budget < 0:
-                            raise Unreadable(f"{archive.name} unpacks to more than {MAX_UNPACKED_BYTES >> 20} MiB")
-                        dst.write(chunk)
-    except (zipfile.BadZipFile, OSError, RuntimeError, ValueError) as exc:  # RuntimeError: encrypted members
-        raise Unreadable(f"{archive.name} is not a readable zip: {exc}") from None
-    root = into
-    while True:
-        inside = [p for p in root.iterdir() if p.name not in _SKIPPED_PARTS and not p.name.startswith(".")]
-        if len(inside) == 1 and inside[0].is_dir():
-            root = inside[0]
-        else:
-            return root
 
 
 def digest(folder: Path) -> tuple[str, int]:
@@ -216,6 +175,9 @@ def grade_one(student: str, folder: Path, sha: str, settings: Settings, scratch:
         why = (report or {}).get("error") or _last_lines(err.decode(errors="replace")) or f"exit status {proc.returncode}"
         return Row(student, sha, RowStatus.CRASHED, tier=settings.tier, duration_s=duration,
                    message=f"grading failed: {why}")
+    if report.get("status") == LabStatus.MISSING.value:
+        return Row(student, sha, RowStatus.MISSING, 0.0, report["max_score"], report["tier"], duration, 0.0,
+                   report["message"], report)
     return Row(student, sha, RowStatus.GRADED, report["score"], report["max_score"], report["tier"], duration,
                report.get("student_s", 0.0), _summary(report), report)
 
