@@ -14,6 +14,7 @@ whatever reason, every process it started is gone before it returns.
 """
 from __future__ import annotations
 
+import fnmatch
 import os
 import resource
 import secrets
@@ -32,7 +33,10 @@ from autograder.sandbox.child import REPLY, REQUEST
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MEMORY_SCAN_MAX_S = 0.25  # the longest wait between two sums of a call's resident memory
-FILE_SIZE_LIMIT = 2**30  # no file the call writes, its printed output included, grows past 1 GiB
+FILE_SIZE_LIMIT = 2**30
+# A lab's grader code that runs beside the student's, in the call (``harness.py`` and the
+# modules it loads beside itself): the only files of a checks folder a call can read.
+HARNESS_FILES = "harness*.py"  # no file the call writes, its printed output included, grows past 1 GiB
 _CLUTTER = shutil.ignore_patterns(".git", "__pycache__", ".ipynb_checkpoints", ".venv", "*.pyc")
 
 
@@ -233,6 +237,11 @@ class Sandbox:
         self._staging = os.path.join(self._tmp, "submissions")
         os.mkdir(self._staging, 0o755)
         self._staged: dict[str, str] = {}
+        # Copies of the labs' harness modules (``HARNESS_FILES`` of a checks folder): the calls
+        # read these, never the checks folder, which holds the checks and their oracles.
+        self._harnesses = os.path.join(self._tmp, "harness")
+        os.mkdir(self._harnesses, 0o755)
+        self._harness_copies: dict[str, str] = {}
         self._copies = 0
         read_end, write_end = os.pipe()
         child_env = dict(os.environ)
@@ -253,7 +262,7 @@ class Sandbox:
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [isolation.PACKAGE_ROOT, child_env.get("PYTHONPATH")]))
         # -P: no folder the student can write (the scratch folder it starts in) on its sys.path; -s: nor theirs.
         command = self.layer.command([sys.executable, "-P", "-s", "-m", "autograder.sandbox.child"], scratch,
-                                     [*isolation.needed_paths(), self._staging], self.limits.devices)
+                                     [self._staging, self._harnesses], self.limits.devices)
         self._log_path = os.path.join(self._tmp, "output.txt")
         with open(self._log_path, "wb") as out:
             self._proc = subprocess.Popen(
@@ -311,6 +320,8 @@ class Sandbox:
             except RuntimeError as exc:
                 return Outcome("crashed", message=str(exc))
         request = dict(request, submission=self._copy_of(request.get("submission") or self.submission))
+        if request.get("target", {}).get("kind") == "harness":
+            request["target"] = dict(request["target"], path=self._harness_copy(request["target"]["path"]))
         with open(self._log_path, "rb") as log:
             offset = log.seek(0, os.SEEK_END)
         start = time.monotonic()
@@ -347,6 +358,20 @@ class Sandbox:
             self._copies += 1
             self._staged[submission] = _stage(submission, os.path.join(self._staging, str(self._copies)))
         return self._staged[submission]
+
+    def _harness_copy(self, path: str) -> str:
+        """Where the calls find the harness module ``path``: a copy, beside copies of the
+        other harness modules of its folder (``HARNESS_FILES``), readable by the call's user."""
+        folder = os.path.dirname(os.path.abspath(path))
+        if folder not in self._harness_copies:
+            copy = os.path.join(self._harnesses, str(len(self._harness_copies) + 1))
+            os.mkdir(copy, 0o755)
+            for name in sorted(os.listdir(folder)):
+                if fnmatch.fnmatch(name, HARNESS_FILES):
+                    shutil.copyfile(os.path.join(folder, name), os.path.join(copy, name))
+                    os.chmod(os.path.join(copy, name), 0o644)
+            self._harness_copies[folder] = copy
+        return os.path.join(self._harness_copies[folder], os.path.basename(path))
 
     def forget(self, submission: str) -> None:
         """Remove the copy of ``submission``: a later call into it gets a fresh one."""

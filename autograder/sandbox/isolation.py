@@ -4,10 +4,15 @@ Two layers, strongest first; the grader takes the first that works on this
 machine (``detect()``, probed once per process) and every report says which.
 
 ``bubblewrap`` (Debian's ``bubblewrap``, the sandbox Flatpak is built on)
-  The call runs in new PID, network, IPC and mount namespaces. The whole file
-  system is read-only; ``/tmp`` is the call's own scratch folder; ``/root``,
-  ``/home``, ``/var/tmp`` and ``/dev/shm`` are empty; only the Python
-  installation, the course and a copy of the submission are put back, read-only.
+  The call runs in new PID, network, IPC and mount namespaces, on a file system
+  built from an allow-list (``mounts``): the system's programs, libraries and
+  configuration (``/usr`` less ``/usr/local``, ``/etc``, ``/sys``), this Python and
+  its site-packages, the course toolkit (``course/``), the grader's code that runs
+  beside the student's (``autograder/sandbox``, ``autograder/grading`` and a copy of
+  the lab's harness modules), a copy of the submission, all read-only, and a private
+  ``/tmp``. Nothing else exists there: not ``solutions/``, no lab's checks or
+  oracles (``autograder/checks``, hidden even when installed in site-packages), no
+  class folder, gradebook or report, no home folder.
   The network namespace has loopback only, so MPI ranks and torch workers
   still talk to each other and nothing else. When the PID namespace's first
   process ends, the kernel kills every process left in it. The grader's
@@ -17,7 +22,10 @@ machine (``detect()``, probed once per process) and every report says which.
   as unprivileged containers often do)
   A supervisor (``autograder.sandbox.reaper``) adopts every orphan the call leaves and
   kills them all when the call ends. The files and the network are the
-  machine's.
+  machine's: this layer hides no file. Student code reads whatever its user may
+  read, so a class is graded with it only when asked (``k2c grade-class
+  --allow-weak-isolation``), and Gradescope's scripts make the grader's files
+  unreadable to ``nobody`` instead.
 
 Under either, when the grader runs as root the student's code runs as
 ``nobody`` (65534:65534) with no capabilities, so it can write nothing of the
@@ -41,9 +49,13 @@ from dataclasses import dataclass
 NOBODY = (65534, 65534)
 GRADER_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # autograder/
 PACKAGE_ROOT = os.path.dirname(GRADER_ROOT)  # holds autograder/ and course/
-# Folders that may hold other people's files (home folders, other runs' scratch):
-# inside bubblewrap they are empty, except for what the call needs put back.
-HIDDEN = ("/tmp", "/var/tmp", "/root", "/home")
+# What a call sees of the machine under bubblewrap, read-only: its programs, libraries and
+# configuration. Nothing else of the machine is there (no /home, /root, /srv, /opt, /var,
+# /work, /mnt...), only what ``mounts`` adds.
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/sys")
+# Inside those, folders where people put their own files (a course checkout, a class
+# folder): hidden again, except for the needed paths inside them.
+MASKED = ("/usr/local", "/usr/src", "/usr/share/k2c")
 
 
 class Layer(str, enum.Enum):
@@ -72,8 +84,8 @@ class Isolation:
     def describe(self) -> str:
         """What this layer does and does not keep from the grader, in a few sentences."""
         if self.layer is Layer.BUBBLEWRAP:
-            text = ("own PID, network (loopback only) and mount namespaces; read-only file system with a "
-                    f"private /tmp; runs as {self.user}")
+            text = ("own PID, network (loopback only) and mount namespaces; an allow-listed, read-only file "
+                    f"system with a private /tmp; runs as {self.user}")
         else:
             text = (f"no namespaces; a supervisor reaps every process when a call ends; runs as {self.user}; "
                     "the machine's files and network are reachable")
@@ -81,30 +93,30 @@ class Isolation:
                 text += "; student code could signal the grader or write your files: grade untrusted code elsewhere"
         return text + (f" ({self.fallback_reason})" if self.fallback_reason else "")
 
+    @property
+    def readable(self) -> str:
+        """What student code could read under this layer, in one sentence for reports."""
+        if self.layer is Layer.BUBBLEWRAP:
+            return ("its own files, a private /tmp, the system's programs and libraries, Python and its "
+                    "packages, the course toolkit and the lab's harness; no solutions, checks, oracles or "
+                    "other submissions")
+        return f"every file that {self.user} may read on this machine (this layer hides no file)"
+
+    @property
+    def hides_files(self) -> bool:
+        return self.layer is Layer.BUBBLEWRAP
+
     def as_dict(self) -> dict:
-        return {"layer": self.layer.value, "user": self.user, "detail": self.describe()}
+        return {"layer": self.layer.value, "user": self.user, "detail": self.describe(), "readable": self.readable}
 
     def command(self, inner: list[str], scratch: str, expose: list[str], devices: bool) -> list[str]:
-        """The command line that runs ``inner`` (a Python command) isolated, in ``scratch``."""
+        """The command line that runs ``inner`` (a Python command) isolated, in ``scratch``,
+        seeing ``expose`` (and ``needed_paths()``) read-only at their own paths (``mounts``)."""
         if self.layer is Layer.SUBREAPER:
             return [sys.executable, "-m", "autograder.sandbox.reaper", "--", *inner]
         args = ["bwrap", "--die-with-parent", "--new-session",
                 "--unshare-pid", "--unshare-net", "--unshare-ipc",
-                "--ro-bind", "/", "/",
-                *(["--dev-bind", "/dev", "/dev"] if devices else ["--dev", "/dev"]),  # GPUs need the host's /dev
-                "--proc", "/proc",
-                "--perms", "1777", "--tmpfs", "/dev/shm"]
-        for folder in HIDDEN:
-            if os.path.isdir(folder) and folder != "/tmp":
-                args += ["--tmpfs", folder]
-        args += ["--bind", scratch, "/tmp"]
-        for path in _put_back(expose):
-            # bubblewrap would make the folders on the way 0700, which nobody cannot pass.
-            hidden = next(h for h in HIDDEN if path.startswith(h + "/"))
-            parts = path[len(hidden) + 1:].split("/")[:-1]
-            for i in range(len(parts)):
-                args += ["--perms", "0755", "--dir", "/".join([hidden, *parts[:i + 1]])]
-            args += ["--ro-bind", path, path]
+                *mounts(scratch, expose, devices)]
         # The server (autograder.sandbox.child) keeps only what it needs to make each call's child
         # nobody, which has no capabilities at all, and to kill what that child leaves.
         args += ["--cap-drop", "ALL"]
@@ -123,10 +135,37 @@ class Isolation:
 
 
 def needed_paths() -> list[str]:
-    """What the child must read: this Python, its environment, and the grader's packages."""
-    paths = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)), PACKAGE_ROOT,
-             *_linked_from_environment()}
+    """What the child must read besides the system: this Python and its environment
+    (site-packages), and the parts of the course it runs: the toolkit (``course/``) and
+    the grader's sandbox and grading code. Not the checks, the instructor's tools, nor
+    anything else beside them (``solutions/``, a class folder): see ``hidden_paths``."""
+    paths = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)),
+             *_linked_from_environment(), *_child_code()}
     return sorted(p for p in paths if p)
+
+
+def _child_code() -> list[str]:
+    """The course's packages that a call imports: the toolkit, and of the grader only
+    what runs beside student code (the child server, the codec, the harnesses' helpers)."""
+    return [os.path.join(PACKAGE_ROOT, "course"), os.path.join(GRADER_ROOT, "__init__.py"),
+            *(os.path.join(GRADER_ROOT, part) for part in CHILD_PARTS)]
+
+
+# The grader's parts a call imports; the rest (checks/, instructor/, the CLI) stays out.
+CHILD_PARTS = ("sandbox", "grading")
+
+
+def hidden_paths() -> list[str]:
+    """What stays hidden even where a needed path would show it: the grader's other parts
+    when it is installed in site-packages (every lab's checks and oracles), and a
+    checkout's own files around the toolkit (``solutions/``, ``labs/``, ``tests/``...)
+    when the checkout lies inside a needed folder."""
+    hidden = [os.path.join(GRADER_ROOT, name) for name in sorted(os.listdir(GRADER_ROOT))
+              if name not in (*CHILD_PARTS, "__init__.py", "__pycache__")]
+    if os.path.basename(PACKAGE_ROOT) not in ("site-packages", "dist-packages"):
+        hidden += [os.path.join(PACKAGE_ROOT, name) for name in sorted(os.listdir(PACKAGE_ROOT))
+                   if name not in ("course", "autograder")]
+    return hidden
 
 
 @functools.lru_cache(maxsize=1)
@@ -149,15 +188,56 @@ def _linked_from_environment() -> frozenset[str]:
     return frozenset(found)
 
 
-def _put_back(paths: list[str]) -> list[str]:
-    """The paths (and their real locations) that lie in a hidden folder, outermost first."""
-    found = set()
-    for path in paths:
-        for p in {os.path.abspath(path), os.path.realpath(path)}:
-            if any(p == h or p.startswith(h + "/") for h in HIDDEN) and p not in HIDDEN:
-                found.add(p)
-    kept = sorted(found)
-    return [p for p in kept if not any(p.startswith(q + "/") for q in kept if q != p)]
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def mounts(scratch: str, expose: list[str], devices: bool) -> list[str]:
+    """bubblewrap's mounts, an allow-list: an empty root; the system folders (``SYSTEM``,
+    less ``MASKED``); ``/dev``, ``/proc``, a private ``/dev/shm``; ``scratch`` as ``/tmp``;
+    then ``needed_paths()`` and ``expose`` read-only at their own paths; last, an empty
+    folder over each of ``hidden_paths()`` that would be shown."""
+    args: list[str] = []
+    events: list[tuple[str, bool]] = []  # (path, shown) in mount order: the last one over a path decides
+
+    def shown(path: str) -> bool:
+        return next((kind for where, kind in reversed(events) if _under(path, where)), False)
+
+    for path in SYSTEM:
+        if os.path.islink(path):  # /bin -> usr/bin on a merged /usr
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+            events.append((path, True))
+    for path in MASKED:
+        if os.path.isdir(path):
+            args += ["--tmpfs", path]
+            events.append((path, False))
+    args += [*(["--dev-bind", "/dev", "/dev"] if devices else ["--dev", "/dev"]),  # GPUs need the host's /dev
+             "--proc", "/proc", "--perms", "1777", "--tmpfs", "/dev/shm", "--bind", scratch, "/tmp"]
+    events += [("/dev", True), ("/proc", True), ("/tmp", False)]  # /tmp is the scratch folder, not the host's
+    made = {"/"}
+    wanted = sorted({p for path in [*needed_paths(), *expose]
+                     for p in (os.path.abspath(path), os.path.realpath(path)) if os.path.exists(p)})
+    for path in wanted:
+        if shown(path):
+            continue
+        # bubblewrap would make the folders on the way 0700, which nobody cannot pass.
+        parts = path.strip("/").split("/")[:-1]
+        for i in range(len(parts)):
+            folder = "/" + "/".join(parts[:i + 1])
+            if folder not in made and not shown(folder):
+                args += ["--perms", "0755", "--dir", folder]
+                made.add(folder)
+        args += ["--ro-bind", path, path]
+        events.append((path, True))
+    for path in hidden_paths():
+        if not os.path.exists(path) or not shown(path) or any(_under(w, path) for w in wanted):
+            continue
+        args += ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", "/dev/null", path]
+        events.append((path, False))
+    return args + ["--remount-ro", "/"]
 
 
 def _candidates(requested: str | None) -> list[Isolation]:
