@@ -10,6 +10,7 @@ comes in, as a folder or a zip (``autograder.grading.labs.locate``):
 A lab that uses earlier labs' files (13) takes them from the same repository;
 a submission without any of the lab's files is ``missing``, never graded 0.
 """
+import base64
 import csv
 import json
 import shutil
@@ -51,18 +52,23 @@ def _repository(into: Path, *labs) -> Path:
     return into
 
 
-SHAPES = {  # shape -> (build it in a folder, the lab's folder inside it)
+def _wrapped(make):
+    """``make``'s shape inside one folder, ``k2c-main/``, with an archiver's clutter beside it."""
+    def build(folder: Path) -> None:
+        make(folder / "k2c-main")
+        (folder / "__MACOSX").mkdir()
+        (folder / "__MACOSX" / "._k2c-main").write_text("resource fork")
+        (folder / ".DS_Store").write_text("finder")
+    return build
+
+
+BARE = {  # shape -> (make it in a folder, the lab's folder inside it)
     "top": (lambda d: _reference(LAB06, d), "."),
     "slug": (lambda d: _reference(LAB06, d / LAB06), LAB06),
     "repo": (lambda d: _repository(d, LAB06), f"labs/{LAB06}"),
 }
-for _name, (_build, _inside) in list(SHAPES.items()):
-    def _wrapped(d, build=_build):
-        build(d / "k2c-main")
-        (d / "__MACOSX").mkdir()
-        (d / "__MACOSX" / "._k2c-main").write_text("resource fork")
-        (d / ".DS_Store").write_text("finder")
-    SHAPES[f"wrapped-{_name}"] = (_wrapped, "k2c-main" if _inside == "." else f"k2c-main/{_inside}")
+SHAPES = {**BARE, **{f"wrapped-{name}": (_wrapped(make), "k2c-main" if inside == "." else f"k2c-main/{inside}")
+                     for name, (make, inside) in BARE.items()}}
 
 
 def _zip(folder: Path, archive: Path) -> Path:
@@ -86,7 +92,8 @@ def test_locate_finds_the_lab_in_every_shape(shape, tmp_path):
     found = locate(find_lab(LAB06), folder)
     inside = SHAPES[shape][1]
     assert found.folder == (folder / inside).resolve() and found.missing == () and found.searched == ()
-    assert (found.folder / "collectives.py").read_bytes() == (REPO / "solutions" / LAB06 / "collectives.py").read_bytes()
+    reference = REPO / "solutions" / LAB06 / "collectives.py"
+    assert (found.folder / "collectives.py").read_bytes() == reference.read_bytes()
 
 
 # ---------------------------------------------------------------------------
@@ -197,10 +204,10 @@ def test_no_lab_files_is_missing_in_every_report_format(tmp_path):
     assert "no lab files found" in gradescope["output"] and all(w in gradescope["output"] for w in searched)
     junit = k2c("grade", "06", "--submission", sub, "--format", "junit").stdout
     assert 'failures="1"' in junit and 'type="missing"' in junit and f"labs/{LAB06}/" in junit
-    import base64
     classroom = json.loads(base64.b64decode(k2c("grade", "06", "--submission", sub, "--format", "classroom").stdout))
     assert classroom["status"] == "fail" and classroom["max_score"] == 25
-    assert [t["status"] for t in classroom["tests"]] == ["error"] and f"labs/{LAB06}/" in classroom["tests"][0]["message"]
+    assert [t["status"] for t in classroom["tests"]] == ["error"]
+    assert f"labs/{LAB06}/" in classroom["tests"][0]["message"]
     # --require-full: missing is below full marks
     assert k2c("grade", "06", "--submission", sub, "--require-full").returncode == 1
 

@@ -159,11 +159,12 @@ class Found:
     missing: tuple[str, ...]  # the lab's files that ``folder`` lacks, when it has only some
     searched: tuple[str, ...]  # the folders looked in, relative to the submission ("." for its top)
 
-    def missing_message(self) -> str | None:
-        """When only some of the lab's files are there: what the checks say instead of grading."""
+    def missing_message(self, shown: Path | str | None = None) -> str | None:
+        """When only some of the lab's files are there: what the checks say instead of
+        grading (``shown``: how to name the folder, default ``folder``)."""
         if self.folder is None or not self.missing:
             return None
-        return f"the submission has no {', '.join(self.missing)} (looked in {self.folder})"
+        return f"the submission has no {', '.join(self.missing)} (looked in {shown or self.folder})"
 
 
 def locate(lab: Lab, root: Path, shown_from: Path | None = None) -> Found:

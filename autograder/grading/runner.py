@@ -129,7 +129,7 @@ def grade(lab: Lab, submission_root: Path, tier: str, timeout_s: float | None = 
     submission_root = Path(submission_root)
     with tempfile.TemporaryDirectory(prefix="k2c-grade-") as tmp:
         scratch = Path(tmp).resolve()
-        root, shown, shown_from = submission_root, submission_root, None
+        root, shown_from = submission_root, None  # shown_from: a zip's unpacked top
         if submission_root.is_file() and submission_root.suffix.lower() == ".zip":
             top = scratch / "unpacked"
             try:
@@ -141,15 +141,15 @@ def grade(lab: Lab, submission_root: Path, tier: str, timeout_s: float | None = 
             raise UsageError(f"submission {str(submission_root)!r} is neither a folder nor a .zip")
         found = locate(lab, root, shown_from)
         if found.folder is None:
-            return _missing(lab, tier, select, found, shown, start)
+            return _missing(lab, tier, select, found, submission_root, start)
         graded = with_used_files(lab, found.folder, found.root, scratch / "uses")
         # A zip's files are graded from a folder that is gone once this returns: the report names the zip.
         where = found.folder
         if shown_from is not None:
             inside = found.folder.relative_to(shown_from).as_posix()
             where = submission_root.resolve() if inside == "." else Path(f"{submission_root.resolve()}!/{inside}")
-        return _grade_folder(lab, where, graded, found.missing_message(), tier, timeout_s, select, on_result, start,
-                             sandbox_for)
+        return _grade_folder(lab, where, graded, found.missing_message(where), tier, timeout_s, select, on_result,
+                             start, sandbox_for)
 
 
 def _missing(lab: Lab, tier: str, select: str | None, found: Found, shown: Path, start: float) -> LabResult:
