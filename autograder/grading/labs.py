@@ -30,6 +30,10 @@ class Lab:
     # Distributions grading it needs beyond the grader's own (``k2c gradescope``
     # installs only these); None when lab.toml does not say: all the course's.
     requires: tuple[str, ...] | None = None
+    # Files of the lab's checks folder that ``k2c release`` leaves out (lab.toml's
+    # ``hidden``): hidden checks (``check_*_hidden.py``) and the oracles only they use
+    # (``oracles_hidden.py``). Graded wherever the instructor grades; see ``hidden_problems``.
+    hidden: tuple[str, ...] = ()
 
     @property
     def number(self) -> str:
@@ -55,8 +59,31 @@ def all_labs() -> list[Lab]:
                         float(data.get("timeout_s", 60)), int(data.get("memory_mb", 4096)),
                         tuple(data.get("refuse", ())), data.get("refuse_why", ""),
                         tuple(data.get("uses", ())),
-                        tuple(data["requires"]) if "requires" in data else None))
+                        tuple(data["requires"]) if "requires" in data else None,
+                        tuple(data.get("hidden", ()))))
     return labs
+
+
+HIDDEN_MARK = "_hidden"  # every hidden file's stem ends so, and no public file's does
+
+
+def hidden_problems(checks_dir: Path, hidden: tuple[str, ...] | list[str]) -> list[str]:
+    """What is wrong with a lab's ``hidden`` list (``checks_dir`` is its checks folder): an
+    entry that is no file of that folder, is not named ``*_hidden.py``, or is a harness
+    (which runs beside the student's code, so it is public); a ``*_hidden`` file it does
+    not list (it would be released)."""
+    problems, slug = [], Path(checks_dir).name
+    for name in hidden:
+        path = Path(checks_dir) / name
+        if not path.is_file() or path.parent != Path(checks_dir):
+            problems.append(f"{slug}/lab.toml: hidden lists {name!r}, which is not a file of its checks folder")
+        elif not Path(name).stem.endswith(HIDDEN_MARK) or name.startswith("harness"):
+            problems.append(f"{slug}/lab.toml: hidden lists {name!r}: a hidden file is named *{HIDDEN_MARK}.py "
+                            "and is not a harness (the harness runs beside the student's code)")
+    for path in sorted(Path(checks_dir).glob(f"*{HIDDEN_MARK}.*")):
+        if path.name not in hidden:
+            problems.append(f"{slug}: {path.name} is named as hidden, but lab.toml's hidden does not list it")
+    return problems
 
 
 def find_lab(name: str) -> Lab:

@@ -171,6 +171,7 @@ class CheckInfo:
     title: str
     max_points: float
     gpu: bool  # graded on the GPU tier only
+    hidden: bool = False  # in a file of lab.toml's ``hidden``: not in the student repository
 
 
 def _pytest_args(lab: Lab, select: str | None = None) -> list[str]:
@@ -199,7 +200,8 @@ def list_checks(lab: Lab, select: str | None = None) -> list[CheckInfo]:
                 marker = item.get_closest_marker("points")
                 self.found.append(CheckInfo(item.name.removeprefix("check_"), check_title(item),
                                             float(marker.args[0]) if marker else 1.0,
-                                            item.get_closest_marker("gpu") is not None))
+                                            item.get_closest_marker("gpu") is not None,
+                                            item.path.name in lab.hidden))
 
     collector = Collector()
     log = io.StringIO()
