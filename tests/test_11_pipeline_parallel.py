@@ -1,7 +1,8 @@
-"""Lab 11's grader: its own dependency checker, simulator, schedules and brute-force
-partition are right (checked by hand and against the closed forms), and an
-executor that deadlocks costs its case only, within the timeout, with no
-process left behind."""
+"""Lab 11's grader: its own dependency checker, timeline checker, simulator, schedules
+and brute-force partition are right (checked by hand and against the closed forms),
+the executor's table of op lists is the documented GPipe and 1F1B, and an executor
+that deadlocks costs its case only, within the timeout, with no process left behind.
+The simulator and schedules are the hidden oracles (``oracles_hidden.py``)."""
 import math
 import random
 import time
@@ -16,6 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 LAB = "11-pipeline-parallel"
 CHECKS = REPO / "autograder" / "checks" / LAB
 checks = load_check_file(LAB, "check_pipeline")
+oracles, hidden = checks.oracles, load_check_file(LAB, "oracles_hidden")
 
 # 1F1B on 2 devices, 2 microbatches, written out by hand.
 HAND_1F1B = [[("F", 0, 0), ("F", 1, 0), ("B", 0, 0), ("B", 1, 0)],
@@ -23,20 +25,20 @@ HAND_1F1B = [[("F", 0, 0), ("F", 1, 0), ("B", 0, 0), ("B", 1, 0)],
 
 
 def test_validate_accepts_a_hand_written_1f1b():
-    assert checks.validate(HAND_1F1B, 2, 2) is None
-    assert checks.make_schedule(2, 2, "1f1b") == HAND_1F1B
+    assert oracles.validate(HAND_1F1B, 2, 2) is None
+    assert hidden.make_schedule(2, 2, "1f1b") == HAND_1F1B
 
 
 def test_validate_reports_a_deadlock_with_what_each_device_waits_for():
     # Device 0 puts B(1) before F(1) and B(0); device 1 then waits for F(1), which device 0 never runs.
     stuck = [[("F", 0, 0), ("B", 1, 0), ("F", 1, 0), ("B", 0, 0)],
              [("F", 0, 1), ("B", 0, 1), ("F", 1, 1), ("B", 1, 1)]]
-    assert checks.validate(stuck, 2, 2) == (
+    assert oracles.validate(stuck, 2, 2) == (
         "deadlock: device 0 waits for F(microbatch 1, stage 0) and B(microbatch 1, stage 1) before its "
         "B(microbatch 1, stage 0) "
         "while device 1 waits for F(microbatch 1, stage 0) before its F(microbatch 1, stage 1)")
     with pytest.raises(RuntimeError, match="deadlock"):
-        checks.simulate(stuck, 1, 2)
+        hidden.simulate(stuck, 1, 2)
 
 
 @pytest.mark.parametrize("schedule, message", [
@@ -46,13 +48,13 @@ def test_validate_reports_a_deadlock_with_what_each_device_waits_for():
     ([[("X", 0, 0)], []], "device 0 has ('X', 0, 0), which is not an op"),
 ])
 def test_validate_reports_missing_repeated_misplaced_and_malformed_ops(schedule, message):
-    assert checks.validate(schedule, 2, 2).startswith(message)
+    assert oracles.validate(schedule, 2, 2).startswith(message)
 
 
 def test_simulator_gpipe_by_hand():
     # p = 2, m = 2, t_f = 1, t_b = 2: device 1 runs F0 F1 then B0 B1; device 0's B0 waits for device 1's.
-    gpipe = checks.make_schedule(2, 2, "gpipe")
-    got = checks.simulate(gpipe, 1, 2)
+    gpipe = hidden.make_schedule(2, 2, "gpipe")
+    got = hidden.simulate(gpipe, 1, 2)
     assert got["timing"] == {("F", 0, 0): (0, 0, 1), ("F", 1, 0): (0, 1, 2), ("F", 0, 1): (1, 1, 2),
                              ("F", 1, 1): (1, 2, 3), ("B", 0, 1): (1, 3, 5), ("B", 1, 1): (1, 5, 7),
                              ("B", 0, 0): (0, 5, 7), ("B", 1, 0): (0, 7, 9)}
@@ -60,7 +62,7 @@ def test_simulator_gpipe_by_hand():
     assert got["bubble"] == pytest.approx(1 - 12 / 18) == pytest.approx(1 / 3)
     assert got["peak_in_flight"] == [2, 2]
     # t_comm = 0.5 on every hop between devices
-    late = checks.simulate(gpipe, 1, 2, 0.5)["timing"]
+    late = hidden.simulate(gpipe, 1, 2, 0.5)["timing"]
     assert late[("F", 0, 1)] == (1, 1.5, 2.5) and late[("F", 1, 1)] == (1, 2.5, 3.5)
     assert late[("B", 0, 0)] == (0, 6.0, 8.0) and late[("B", 1, 0)] == (0, 8.0, 10.0)
 
@@ -69,11 +71,11 @@ def test_simulator_gpipe_by_hand():
 def test_closed_forms_hold_for_the_checks_schedules(kind):
     for p in range(1, 6):
         for m in range(1, 10):
-            schedule = checks.make_schedule(p, m, kind)
-            assert checks.validate(schedule, p, m) is None
+            schedule = hidden.make_schedule(p, m, kind)
+            assert oracles.validate(schedule, p, m) is None
             for t_f, t_b in ((1, 2), (1, 1), (3, 1), (2, 5)):
-                got = checks.simulate(schedule, t_f, t_b)
-                makespan, bubble = checks.closed_form(p, m, t_f, t_b)
+                got = hidden.simulate(schedule, t_f, t_b)
+                makespan, bubble = oracles.closed_form(p, m, t_f, t_b)
                 assert got["makespan"] == makespan and math.isclose(got["bubble"], bubble, abs_tol=1e-12)
             peak = [min(m, p - i) for i in range(p)] if kind == "1f1b" else [m] * p
             assert got["peak_in_flight"] == peak
@@ -83,11 +85,11 @@ def test_interleaved_closed_form_cuts_the_bubble_time_v_fold():
     for p in range(2, 6):
         for v in (2, 3, 4):
             for m in (p, 2 * p, 3 * p):
-                schedule = checks.make_schedule(p, m, "interleaved", v)
-                assert checks.validate(schedule, p, m, v) is None
+                schedule = hidden.make_schedule(p, m, "interleaved", v)
+                assert oracles.validate(schedule, p, m, v) is None
                 for t_f, t_b in ((1, 2), (1, 1), (3, 1), (1, 3)):
-                    got = checks.simulate(schedule, t_f, t_b)
-                    assert (got["makespan"], got["bubble"]) == pytest.approx(checks.closed_form(p, m, t_f, t_b, v))
+                    got = hidden.simulate(schedule, t_f, t_b)
+                    assert (got["makespan"], got["bubble"]) == pytest.approx(oracles.closed_form(p, m, t_f, t_b, v))
                     # idle time per device: (p - 1)(t_f + t_b) per chunk, i.e. 1/v of 1F1B's with v-times-longer ops
                     assert got["makespan"] - v * m * (t_f + t_b) == (p - 1) * (t_f + t_b)
 
@@ -96,15 +98,45 @@ def test_random_schedules_are_valid():
     rng = random.Random(0)
     for _ in range(30):
         p, v, m = rng.randint(1, 4), rng.randint(1, 3), rng.randint(1, 5)
-        assert checks.validate(checks.random_schedule(rng, p, m, v), p, m, v) is None
+        assert oracles.validate(oracles.random_schedule(rng, p, m, v), p, m, v) is None
+
+
+def _timeline(simulated):
+    return [(device, *op, start, end) for op, (device, start, end) in simulated["timing"].items()]
+
+
+def test_the_timeline_check_passes_the_simulators_timeline_and_names_the_first_wrong_op():
+    rng = random.Random(1)
+    for _ in range(100):
+        p, v, m = rng.randint(1, 4), rng.randint(1, 3), rng.randint(1, 5)
+        schedule = oracles.random_schedule(rng, p, m, v)
+        t_f, t_b, t_comm = rng.choice([1, 0.5, 0.4]), rng.choice([1, 1.3, 2]), rng.choice([0, 0.25, 1])
+        timeline = _timeline(hidden.simulate(schedule, t_f, t_b, t_comm))
+        assert oracles.timeline_problem(schedule, t_f, t_b, t_comm, timeline) is None
+        late = rng.randrange(len(timeline))  # one op half a unit late: it is the one named, not those after it
+        device, kind, mb, stage, start, end = timeline[late]
+        timeline[late] = (device, kind, mb, stage, start + 0.5, end + 0.5)
+        problem = oracles.timeline_problem(schedule, t_f, t_b, t_comm, timeline)
+        assert problem.startswith(f"{oracles.op_text((kind, mb, stage))} starts at {start + 0.5:g}"), problem
+    gpipe = hidden.make_schedule(2, 2, "gpipe")
+    timeline = _timeline(hidden.simulate(gpipe, 1, 2))
+    assert oracles.timeline_problem(gpipe, 1, 2, 0, timeline[:-1]).startswith("the timeline has 7 entries")
+    short = [e if e[1:4] != ("F", 1, 1) else (*e[:5], e[5] - 0.5) for e in timeline]
+    assert "which is 0.5; an F takes t_f = 1" in oracles.timeline_problem(gpipe, 1, 2, 0, short)
+
+
+def test_the_executor_table_is_the_documented_gpipe_and_1f1b():
+    for kind in ("gpipe", "1f1b"):
+        for p in (2, 4):
+            assert oracles.executor_schedule(kind, p) == hidden.make_schedule(p, checks.MICROBATCHES, kind)
 
 
 def test_brute_force_partition_on_tiny_cases():
-    assert checks.brute_force_partition([1, 2, 3], 2) == 3  # [0, 2, 3]: 1+2 | 3
-    assert checks.brute_force_partition([1, 2, 3], 2, [1, 3]) == pytest.approx(5 / 3)  # [0, 1, 3]: 1 | 5/3
-    assert checks.brute_force_partition([1, 1, 1, 1], 2, [3, 1]) == 1  # [0, 3, 4]
-    assert checks.brute_force_partition([4, 1, 1], 3) == 4
-    assert checks.brute_force_partition([7], 1) == 7
+    assert oracles.brute_force_partition([1, 2, 3], 2) == 3  # [0, 2, 3]: 1+2 | 3
+    assert oracles.brute_force_partition([1, 2, 3], 2, [1, 3]) == pytest.approx(5 / 3)  # [0, 1, 3]: 1 | 5/3
+    assert oracles.brute_force_partition([1, 1, 1, 1], 2, [3, 1]) == 1  # [0, 3, 4]
+    assert oracles.brute_force_partition([4, 1, 1], 3) == 4
+    assert oracles.brute_force_partition([7], 1) == 7
 
 
 def test_the_partition_queries_have_a_unique_best_value_to_compare():

@@ -1,0 +1,215 @@
+"""Lab 11's public oracles: they check an answer, they do not compute one.
+
+- ``validate``: is a schedule every (kind, microbatch, stage) op exactly once,
+  on device ``stage % p``, in an order that cannot deadlock (each device runs
+  its next op as soon as the op's dependencies have run); if not, what is
+  wrong ("deadlock: device 0 waits for ... while device 1 waits for ...").
+- ``timeline_problem``: is a timeline the one ``simulate`` must give for a
+  schedule: each op of it checked against its own neighbours in that timeline
+  (it starts when its device's previous op has ended and its dependencies
+  have arrived, and lasts ``t_f`` or ``t_b``). No timing is computed here: the
+  check reads every start and end from the student's timeline, and by
+  induction over the dependencies the only timeline that passes is the right one.
+- ``peak_in_flight``: the most microbatches a device's list holds (F run, B
+  not yet), counted along the list.
+- ``closed_form``: GPipe and 1F1B take (m + p - 1)(t_f + t_b), bubble
+  (p - 1)/(m + p - 1); interleaved 1F1B with v chunks per device and per-chunk
+  times (v m + p - 1)(t_f + t_b), bubble (p - 1)/(v m + p - 1).
+- ``brute_force_partition``: the smallest bottleneck, by trying every cut (the
+  lab's partition is a dynamic program; this is the exhaustive search it must
+  agree with, and it gives the best time, not the cut).
+- ``random_schedule``: a valid schedule in a random order (a random topological
+  order of the ops, cut into the devices' lists): inputs, not answers.
+- ``executor_schedules``: the GPipe and 1F1B op lists the executor runs (p = 2
+  and 4, m = 4), written out as a table.
+
+The oracles that compute the lab's answers (the grader's own schedules and
+simulator) are in ``oracles_hidden.py``, which only the hidden checks use.
+"""
+import itertools
+import math
+
+
+def op_text(op):
+    kind, mb, stage = op
+    return f"{kind}(microbatch {mb}, stage {stage})"
+
+
+def dependencies(op, stages):
+    """The ops ``op`` needs: F(mb, s) needs F(mb, s-1); B(mb, s) needs F(mb, s) and B(mb, s+1)."""
+    kind, mb, stage = op
+    if kind == "F":
+        return [("F", mb, stage - 1)] if stage > 0 else []
+    return [("F", mb, stage)] + ([("B", mb, stage + 1)] if stage + 1 < stages else [])
+
+
+def validate(schedule, p, m, v=1):
+    """None when ``schedule`` runs every op of ``m`` microbatches through ``p * v``
+    stages exactly once, each on its device, without a deadlock; else what is wrong."""
+    stages = p * v
+    if not isinstance(schedule, (list, tuple)) or len(schedule) != p:
+        return f"expected a list of {p} lists (one per device), got {str(schedule)[:120]}"
+    where = {}
+    for d, ops in enumerate(schedule):
+        if not isinstance(ops, (list, tuple)):
+            return f"schedule[{d}] should be a list of ops, got {ops!r}"
+        for op in ops:
+            if not (isinstance(op, (list, tuple)) and len(op) == 3 and op[0] in ("F", "B")
+                    and all(isinstance(x, int) and not isinstance(x, bool) for x in op[1:])
+                    and 0 <= op[1] < m and 0 <= op[2] < stages):
+                return (f"device {d} has {op!r}, which is not an op (kind, microbatch, stage) with kind 'F' or "
+                        f"'B', microbatch in 0..{m - 1} and stage in 0..{stages - 1}")
+            op = tuple(op)
+            if op in where:
+                return f"{op_text(op)} is run twice (on devices {where[op]} and {d})"
+            if op[2] % p != d:
+                return f"{op_text(op)} is on device {d}, but stage {op[2]} lives on device {op[2] % p}"
+            where[op] = d
+    missing = [(k, mb, s) for k in "FB" for mb in range(m) for s in range(stages) if (k, mb, s) not in where]
+    if missing:
+        return f"{len(missing)} ops are never run, e.g. {op_text(missing[0])}"
+    done, position = set(), [0] * p
+    while any(position[d] < len(schedule[d]) for d in range(p)):
+        progressed = False
+        for d in range(p):
+            while position[d] < len(schedule[d]) and all(
+                    need in done for need in dependencies(tuple(schedule[d][position[d]]), stages)):
+                done.add(tuple(schedule[d][position[d]]))
+                position[d] += 1
+                progressed = True
+        if not progressed:
+            waits = []
+            for d in range(p):
+                if position[d] < len(schedule[d]):
+                    op = tuple(schedule[d][position[d]])
+                    needs = [op_text(n) for n in dependencies(op, stages) if n not in done]
+                    waits.append(f"device {d} waits for {' and '.join(needs)} before its {op_text(op)}")
+            return "deadlock: " + " while ".join(waits)
+    return None
+
+
+def _number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def timeline_problem(schedule, t_f, t_b, t_comm, timeline, tolerance=1e-9):
+    """None when ``timeline`` (simulate's list of (device, kind, microbatch, stage,
+    start, end)) is the timeline of the valid ``schedule``: one entry per op, on its
+    device, lasting ``t_f`` (F) or ``t_b`` (B), starting exactly when both its
+    device's previous op has ended (0 for the first) and each dependency has ended
+    (+ ``t_comm`` for one that ran on another device). Else what is wrong, for the
+    earliest wrong op whose own predecessors are right: a wrong end makes the ops
+    that wait for it look wrong too, and the one named is the cause."""
+    if not isinstance(timeline, (list, tuple)) or not all(
+            isinstance(e, (list, tuple)) and len(e) == 6 for e in timeline):
+        return (f"the timeline should be a list of (device, kind, microbatch, stage, start, end), got "
+                f"{str(timeline)[:200]}")
+    stages = max((op[2] for ops in schedule for op in ops), default=-1) + 1
+    device_of = {tuple(op): d for d, ops in enumerate(schedule) for op in ops}
+    entries = {}
+    for entry in timeline:
+        device, kind, mb, stage, start, end = entry
+        if not (_number(start) and _number(end)):
+            return f"the timeline's entry {tuple(entry)} should end with two finite numbers, start and end"
+        try:
+            entries[(kind, mb, stage)] = (device, start, end)
+        except TypeError:  # a list where a kind or number should be
+            return f"the timeline's entry {tuple(entry)} should be (device, kind, microbatch, stage, start, end)"
+    if len(entries) != len(timeline) or len(timeline) != len(device_of):
+        return (f"the timeline has {len(timeline)} entries ({len(entries)} different ops), expected one per op: "
+                f"{len(device_of)}")
+    missing = [op for op in device_of if op not in entries]
+    if missing:
+        return f"{op_text(missing[0])} is missing from the timeline"
+    wrong = []
+    for d, ops in enumerate(schedule):
+        for i, op in enumerate(map(tuple, ops)):
+            device, start, end = entries[op]
+            duration = t_f if op[0] == "F" else t_b
+            if device != d:
+                wrong.append((start, op, f"{op_text(op)} is on device {device} in the timeline, but device {d} runs it"))
+                continue
+            if not math.isclose(end - start, duration, abs_tol=tolerance):
+                wrong.append((start, op, f"{op_text(op)} runs from {start:g} to {end:g}, which is {end - start:g}; an "
+                                     f"{op[0]} takes {'t_f' if op[0] == 'F' else 't_b'} = {duration:g}"))
+                continue
+            free = entries[tuple(ops[i - 1])][2] if i else 0
+            arrivals = [(need, entries[need][2] + (t_comm if device_of[need] != d else 0))
+                        for need in dependencies(op, stages)]
+            should = max([free] + [at for _, at in arrivals])
+            if not math.isclose(start, should, abs_tol=tolerance):
+                why = [f"device {d} is free at {free:g}" + ("" if i else " (its first op)")]
+                why += [f"{op_text(need)} " + (f"arrives at {at:g} (ends at {entries[need][2]:g}, + t_comm from "
+                                               f"device {device_of[need]})" if device_of[need] != d else
+                                               f"ends at {at:g} on the same device")
+                        for need, at in arrivals]
+                wrong.append((start, op, f"{op_text(op)} starts at {start:g} on device {d}, expected {should:g}: "
+                                     f"{'; '.join(why)} (an op starts as soon as its device is free and its "
+                                     "dependencies have arrived)"))
+    if not wrong:
+        return None
+    before = {tuple(op): ([tuple(ops[i - 1])] if i else []) + dependencies(tuple(op), stages)
+              for ops in schedule for i, op in enumerate(ops)}
+    bad = {op for _, op, _ in wrong}
+    causes = [w for w in wrong if not bad.intersection(before[w[1]])] or wrong
+    return min(causes)[2]
+
+
+def peak_in_flight(schedule):
+    """Per device: the most microbatches in flight along its list (F run, B not yet)."""
+    peaks = []
+    for ops in schedule:
+        held = peak = 0
+        for op in ops:
+            held += 1 if op[0] == "F" else -1
+            peak = max(peak, held)
+        peaks.append(peak)
+    return peaks
+
+
+def closed_form(p, m, t_f, t_b, v=1):
+    """(makespan, bubble) of GPipe/1F1B (v = 1) and interleaved 1F1B (per-chunk times)."""
+    return (v * m + p - 1) * (t_f + t_b), (p - 1) / (v * m + p - 1)
+
+
+def random_schedule(rng, p, m, v):
+    """A valid schedule: a random order in which every op runs after its dependencies,
+    cut into the devices' lists."""
+    stages, schedule, done = p * v, [[] for _ in range(p)], set()
+    todo = {(k, mb, s) for k in "FB" for mb in range(m) for s in range(stages)}
+    while todo:
+        op = rng.choice(sorted(o for o in todo if all(n in done for n in dependencies(o, stages))))
+        todo.remove(op)
+        done.add(op)
+        schedule[op[2] % p].append(op)
+    return schedule
+
+
+def stage_time(costs, lo, hi, speed):
+    return sum(costs[lo:hi]) / speed
+
+
+def bottleneck(costs, bounds, speeds):
+    return max(stage_time(costs, a, b, s) for a, b, s in zip(bounds[:-1], bounds[1:], speeds))
+
+
+def brute_force_partition(costs, p, speeds=None):
+    """The smallest bottleneck over every cut of ``costs`` into ``p`` non-empty stages."""
+    speeds = speeds or [1.0] * p
+    n = len(costs)
+    return min(bottleneck(costs, [0, *cuts, n], speeds) for cuts in itertools.combinations(range(1, n), p - 1))
+
+
+# The executor's op lists, m = 4, device d = stage d: one string per device.
+EXECUTOR_SCHEDULES = {
+    ("gpipe", 2): ["F0 F1 F2 F3 B0 B1 B2 B3"] * 2,
+    ("gpipe", 4): ["F0 F1 F2 F3 B0 B1 B2 B3"] * 4,
+    ("1f1b", 2): ["F0 F1 B0 F2 B1 F3 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"],
+    ("1f1b", 4): ["F0 F1 F2 F3 B0 B1 B2 B3", "F0 F1 F2 B0 F3 B1 B2 B3", "F0 F1 B0 F2 B1 F3 B2 B3",
+                  "F0 B0 F1 B1 F2 B2 F3 B3"],
+}
+
+
+def executor_schedule(kind, p):
+    """The ``kind`` schedule of ``EXECUTOR_SCHEDULES`` on ``p`` devices, as op lists."""
+    return [[(word[0], int(word[1:]), d) for word in ops.split()] for d, ops in enumerate(EXECUTOR_SCHEDULES[kind, p])]
