@@ -101,6 +101,7 @@ def cmd_grade_class(args) -> int:
 
     lab = find_lab(args.lab)
     tier = resolve_tier(args.tier)
+    _require_isolation(args.allow_weak_isolation)
     output = Path(args.output or f"gradebook-{lab.slug}.csv")
     settings = Settings(lab.slug, tier, args.timeout, args.k, args.limit)
     jobs = args.jobs if args.jobs else (None if args.slurm else default_jobs(lab))
@@ -113,6 +114,29 @@ def cmd_grade_class(args) -> int:
     summary = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
     print(f"{len(rows)} submissions ({summary}): {output} and {output.with_suffix('.json')}")
     return EXIT_OK
+
+
+def _require_isolation(allow_weak: bool) -> None:
+    """A class is graded where student code cannot read the other students' files, or
+    the solutions: under bubblewrap. The subreaper layer hides no file (autograder.sandbox.isolation)."""
+    from autograder.grading.labs import UsageError
+    from autograder.sandbox import isolation
+
+    try:
+        layer = isolation.detect()
+    except RuntimeError as exc:
+        raise UsageError(str(exc)) from None
+    if layer.hides_files:
+        return
+    if not allow_weak:
+        raise UsageError(
+            f"grade-class refuses to grade here: this machine gives the {layer.layer.value} layer "
+            f"({layer.fallback_reason or 'bubblewrap is not in use'}), under which student code could read "
+            f"{layer.readable}: classmates' submissions, the gradebook, the solutions. Install bubblewrap "
+            "(Debian/Ubuntu: apt-get install bubblewrap; 'k2c doctor' checks it), or pass "
+            "--allow-weak-isolation to grade anyway (the gradebook's isolation column records the layer)")
+    sys.stderr.write(f"warning: grading with the {layer.layer.value} layer (--allow-weak-isolation): student code "
+                     f"could read {layer.readable}\n")
 
 
 def cmd_sync(args) -> int:
@@ -209,6 +233,9 @@ def parser() -> argparse.ArgumentParser:
                    help="keep the rows of the gradebook's .json whose submission is unchanged")
     c.add_argument("--slurm", action="store_true", help="grade as a SLURM job array and wait for it")
     c.add_argument("--chunk", type=int, default=1, metavar="K", help="with --slurm: submissions per array task")
+    c.add_argument("--allow-weak-isolation", action="store_true",
+                   help="grade even where bubblewrap is missing: student code could then read every file its "
+                        "user may read, classmates' submissions included (the gradebook records the layer)")
     c.add_argument("--tier", choices=("auto", "cpu", "gpu"), default="auto")
     c.add_argument("--timeout", type=float, metavar="SECONDS", help="limit for each call into a submission")
     c.add_argument("--limit", type=float, default=3600.0, metavar="SECONDS",

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import sys
 import time
 import zipfile
@@ -191,6 +192,26 @@ os._exit(0)
 '''
 
 
+# The reference, with a first try at the grader's files: a check file and this bundle's
+# wheel. Where nobody could read one, every call fails with LEAKED and what it read.
+PRYING = '''
+import glob, os, sys
+_site = os.path.dirname(os.path.dirname(os.__file__)) + "/site-packages"
+_tries = [p for p in sys.path if p.endswith("site-packages")]
+_leaked = []
+for _folder in _tries + [os.environ.get("K2C_AUTOGRADER_ROOT", "/autograder") + "/source"]:
+    for _path in (glob.glob(_folder + "/autograder/checks/*/check_*.py") + glob.glob(_folder + "/k2c-*.whl")
+                  + [_folder + "/autograder/checks/06-collectives/check_collectives.py"]):
+        try:
+            with open(_path, "rb") as _f:
+                _leaked.append((_path, _f.read(30)))
+        except OSError:
+            pass
+if _leaked:
+    raise RuntimeError(f"LEAKED {_leaked!r}")
+'''
+
+
 def _run(script, root, env, timeout):
     return subprocess.run(["bash", str(root / "source" / script)], cwd=root, env=env, capture_output=True,
                           text=True, timeout=timeout)
@@ -208,6 +229,10 @@ def test_the_autograder_grades_on_an_emulated_gradescope(tmp_path, our_processes
     with zipfile.ZipFile(tmp_path / "autograder.zip") as z:
         z.extractall(root / "source")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    # Gradescope's folders are open to every user; pytest's tmp_path is not (nobody could not reach it).
+    for folder in (tmp_path, *tmp_path.parents):
+        if str(folder).startswith(tempfile.gettempdir() + "/"):
+            folder.chmod(folder.stat().st_mode | 0o711)
     env.update(K2C_AUTOGRADER_ROOT=str(root), K2C_VENV=str(tmp_path / "venv"), K2C_PYTHON=sys.executable)
 
     setup = _run("setup.sh", root, env, 600)
@@ -238,4 +263,42 @@ def test_the_autograder_grades_on_an_emulated_gradescope(tmp_path, our_processes
             assert all(t["score"] == 0 and t["status"] == "failed" for t in results["tests"])
     assert scores["reference"][0] == scores["reference"][1] > 0, scores
     assert scores["starter"][0] == 0 and scores["hostile"][0] == 0, scores
+
+    # A submission that tries the grader's files scores what the reference does, and the
+    # instructor (only) sees what it tried.
+    shutil.rmtree(root / "submission")
+    (root / "submission").mkdir()
+    (root / "submission" / "collectives.py").write_text(
+        PRYING + (REPO / "solutions/06-collectives/collectives.py").read_text())
+    done = _run("run_autograder", root, env, 300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = json.loads((root / "results" / "results.json").read_text())
+    assert "LEAKED" not in json.dumps(results), results
+    assert results["score"] == scores["reference"][0], results["score"]
+    flags = [t for t in results["tests"] if "Flags for the instructor" in t["name"]]
+    assert len(flags) == 1 and flags[0]["visibility"] == "hidden", flags
+    assert "check_collectives.py" in flags[0]["output"], flags[0]["output"]
+
+    # The layer that hides no file (a container without namespaces) runs student code as
+    # nobody on the machine's own files: setup.sh and run_autograder made the grader's root's alone.
+    grader = site / "autograder"
+    assert _readable_by_nobody(grader / "sandbox" / "child.py") and _readable_by_nobody(site / "course" / "mpi.py")
+    for secret in (grader / "checks" / "06-collectives" / "check_collectives.py", grader / "instructor" / "release.py",
+                   next((root / "source").glob("k2c-*.whl"))):
+        assert not _readable_by_nobody(secret), secret
     assert our_processes() == []
+
+
+def _readable_by_nobody(path) -> bool:
+    """Whether user nobody can open ``path``, tried in a child that becomes nobody."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            with open(path, "rb"):
+                os._exit(0)
+        except BaseException:  # noqa: BLE001 - any failure to open: not readable
+            os._exit(1)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0

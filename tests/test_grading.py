@@ -122,9 +122,10 @@ def test_gradescope_layout_flat_submission(tmp_path):
     assert report["lab"] == "02-cuda-model" and report["tests"][0]["status"] == "failed"
 
 
-def test_missing_file_is_graded_zero_with_a_message(tmp_path):
+def test_a_submission_without_the_labs_files_is_missing_not_graded(tmp_path):
     report, _ = grade_json(tmp_path, "02", "-k", "launch_config")
-    assert report["score"] == 0 and "has no cuda_basics.py" in report["tests"][0]["feedback"]
+    assert report["status"] == "missing" and report["score"] == 0 and report["tests"] == []
+    assert "cuda_basics.py" in report["message"] and report["searched"], report
 
 
 def test_require_full_exits_one_below_the_maximum():

@@ -11,6 +11,7 @@ import json
 import textwrap
 import xml.etree.ElementTree as ET
 
+from autograder.grading.flags import described
 from autograder.grading.runner import LabResult, LabStatus
 
 FORMATS = ("text", "json", "gradescope", "junit", "classroom")
@@ -39,6 +40,25 @@ def _missing(r: LabResult) -> bool:
     return r.status is LabStatus.MISSING
 
 
+def _flag_lines(r: LabResult) -> list[str]:
+    """The flags for the instructor (``autograder.grading.flags``), under the score."""
+    if not r.flags:
+        return []
+    return ["  Flags for the instructor (not part of the score; the instructor guide says how to read them):",
+            *("    " + line for line in _flag_lines_of([(r, f) for f in r.flags]))]
+
+
+def _flag_lines_of(flagged) -> list[str]:
+    lines, shown = [], 0
+    for r, f in flagged:
+        if shown == 40:
+            lines.append(f"… and {len(flagged) - shown} more (the JSON report has them all)")
+            break
+        lines.append(f"{f.line}  [{described(f.kind)}]")
+        shown += 1
+    return lines
+
+
 def text(results: list[LabResult]) -> str:
     lines = []
     for r in results:
@@ -52,6 +72,8 @@ def text(results: list[LabResult]) -> str:
             lines.append("")
             continue
         lines.append(f"  isolation: {_isolation(r)} · checks sha256 {r.checks_digest[:12]}")
+        if r.isolation.get("readable"):
+            lines.append(f"  student code could read: {r.isolation['readable']}")
         lines.append(f"  {'points':>7}  {'status':<8} check")
         for c in r.checks:
             pts = "-" if c.status == "skipped" else f"{_pts(c.points)}/{_pts(c.max_points)}"
@@ -65,6 +87,7 @@ def text(results: list[LabResult]) -> str:
                                             subsequent_indent="    ") or [""]
                     lines.extend(" " * 19 + w for w in wrapped)
         lines.append(f"  Score: {_pts(r.score)}/{_pts(r.max_score)}   ({r.duration_s:.1f} s)")
+        lines.extend(_flag_lines(r))
         lines.append("")
     if len(results) > 1:
         lines.append("Scoreboard")
@@ -83,6 +106,7 @@ def _lab_json(r: LabResult) -> dict:
         "score": r.score, "max_score": r.max_score, "duration_s": round(r.duration_s, 3),
         "student_s": round(r.student_s, 3),
         "isolation": r.isolation, "checks_sha256": r.checks_digest,
+        "flags": [f.as_dict() for f in r.flags],
         "tests": [{"name": c.name, "title": c.title, "points": c.points, "max_points": c.max_points,
                    "status": c.status, "feedback": c.feedback, "duration_s": round(c.duration_s, 3),
                    **({"metrics": c.metrics} if c.metrics else {})}
@@ -141,6 +165,11 @@ def gradescope(results: list[LabResult]) -> str:
                           "score": c.points, "max_score": 0 if c.status == "skipped" else c.max_points,
                           "status": GRADESCOPE_STATUS[c.status], "output": output,
                           "tags": [r.lab, c.status], "visibility": "visible"})
+    flagged = [(r, f) for r in results for f in r.flags]
+    if flagged:  # for the instructor only: Gradescope never shows a hidden test to the student
+        tests.append({"name": "Flags for the instructor (not part of the score)", "score": 0, "max_score": 0,
+                      "output": "\n".join(_flag_lines_of(flagged)), "visibility": "hidden",
+                      "tags": ["flags"]})
     tiers = sorted({r.tier for r in results})
     layers = sorted({_isolation(r) for r in results})
     output = f"Graded on the {'/'.join(t.upper() for t in tiers)} tier by k2c (isolation: {'; '.join(layers)})."

@@ -15,6 +15,7 @@ import pytest
 
 from autograder.sandbox import isolation
 from autograder.grading.labs import Found, Lab, Unreadable, UsageError, locate, unpack, with_used_files
+from autograder.grading import flags
 from autograder.grading.plugin import CheckResult, GradingPlugin, check_title, register_marks
 from autograder.sandbox import Limits
 from autograder.grading.submission import Submission
@@ -56,6 +57,7 @@ class LabResult:
     files: tuple[str, ...] = ()  # the lab's files (what was looked for)
     searched: tuple[str, ...] = ()  # missing: the folders looked in, relative to the submission
     missing_max: float = 0.0  # missing: what the checks that would have run are worth
+    flags: list = field(default_factory=list)  # flags.Found: for the instructor, never in the score
 
     @property
     def score(self) -> float:
@@ -237,5 +239,7 @@ def _grade_folder(lab, folder, graded, missing, tier, timeout_s, select, on_resu
     if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) and not plugin.results:
         raise UsageError(f"the checks of lab {lab.slug} could not run (pytest exit {int(code)}):\n"
                          + log.getvalue()[-2000:])
-    return LabResult(lab.slug, lab.title, tier, str(folder), plugin.results, time.monotonic() - start,
-                     layer.as_dict(), lab.checks_digest(), submission.calls_s[0])
+    result = LabResult(lab.slug, lab.title, tier, str(folder), plugin.results, time.monotonic() - start,
+                       layer.as_dict(), lab.checks_digest(), submission.calls_s[0])
+    result.flags = flags.running_flags(submission.flags) + flags.static_flags(graded)
+    return result

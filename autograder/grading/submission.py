@@ -93,6 +93,9 @@ class Submission:
         # Wall seconds spent in calls into the student's code, shared with the
         # simulator and compiling variants: the rest of a grading is the grader's.
         self.calls_s = [0.0]
+        # What the calls did that an honest solution has no reason to do (autograder.sandbox.audit),
+        # shared with the variants like calls_s: (kind, detail) records, for the instructor.
+        self.flags: list = []
 
     def in_simulator(self) -> "Submission":
         """The same submission run in numba's CUDA simulator, whatever the tier: for
@@ -103,7 +106,7 @@ class Submission:
         if self._simulated is None:
             self._simulated = Submission(self.path, self.harness_path, "cpu", self.limits,
                                          dict(self.env, NUMBA_ENABLE_CUDASIM="1"), self.sandbox_for)
-            self._simulated.calls_s = self.calls_s
+            self._simulated.calls_s, self._simulated.flags = self.calls_s, self.flags
         return self._simulated
 
     def compiling(self) -> "Submission":
@@ -113,7 +116,7 @@ class Submission:
         if self._compiling is None:
             self._compiling = Submission(self.path, self.harness_path, self.tier, self.limits,
                                          dict(self.env, NUMBA_ENABLE_CUDASIM="0"), self.sandbox_for)
-            self._compiling.calls_s = self.calls_s
+            self._compiling.calls_s, self._compiling.flags = self.calls_s, self.flags
         return self._compiling
 
     def close(self) -> None:
@@ -161,6 +164,7 @@ class Submission:
             outcome = self._sandbox.call(request)
         finally:
             self.calls_s[0] += time.monotonic() - started
+        self.flags.extend(outcome.flags)
         if outcome.status == "ok":
             return outcome.value
         error = {"not_implemented": NotImplementedYet, "timeout": SubmissionTimeout}.get(

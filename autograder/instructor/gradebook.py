@@ -265,16 +265,26 @@ def write(output: Path, rows: list[Row], settings: Settings, checks_sha256: str)
     top = next((r.max_score for r in rows if r.max_score is not None), None)
     buffer = io.StringIO()
     out = csv.writer(buffer)
-    out.writerow(["student", "score", "max", "tier", "status", *checks, "duration_s", "digest", "message"])
+    out.writerow(["student", "score", "max", "tier", "status", *checks, "isolation", "flags", "duration_s",
+                  "digest", "message"])
     for row in sorted(rows, key=lambda r: r.student):
         points = {t["name"]: t["points"] for t in (row.report or {}).get("tests", [])}
         out.writerow([row.student, f"{row.score:g}", "" if top is None else f"{top:g}", row.tier or settings.tier,
                       row.status.value, *(_pts(points.get(name)) for name in checks),
+                      (row.report or {}).get("isolation", {}).get("layer", ""), _flags(row),
                       f"{row.duration_s:.1f}", row.digest, row.message])
     write_results(str(csv_path), buffer.getvalue())
     write_results(str(json_path), json.dumps({
         "lab": settings.lab, "tier": settings.tier, "checks_sha256": checks_sha256, "select": settings.select,
         "rows": [r.as_dict() for r in sorted(rows, key=lambda r: r.student)]}, indent=1) + "\n")
+
+
+def _flags(row: Row) -> str:
+    """The row's flags for the instructor, by kind (``autograder.grading.flags.summary``)."""
+    from autograder.grading.flags import Found, summary
+
+    found = [Found(f.get("kind", "?"), f.get("detail", ""), f.get("seen", "")) for f in (row.report or {}).get("flags", [])]
+    return summary(found)
 
 
 def _pts(value) -> str:

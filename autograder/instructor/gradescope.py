@@ -194,6 +194,7 @@ fi
 
 "$python" -m venv "$venv"
 @CPU_INDEX@"$venv/bin/pip" install --quiet --disable-pip-version-check "$root"/source/k2c-*.whl
+@HIDE@
 
 # Fail the image build, not the first student's submission, when something is
 # missing: an empty submission must grade (to zero) with every check collected.
@@ -211,9 +212,21 @@ set -uo pipefail
 root="${K2C_AUTOGRADER_ROOT:-/autograder}"
 venv="${K2C_VENV:-/opt/k2c}"
 mkdir -p "$root/results"
+@HIDE@
 exec "$venv/bin/k2c" grade @SLUG@ --submission "$root/submission" \
     --format gradescope -o "$root/results/results.json"
 """
+
+
+# Where a container refuses bubblewrap, the grader falls back to the subreaper layer, which
+# hides no file: student code, as nobody, reads what nobody may read. So the grader's files
+# are root's alone: the checks and oracles, the instructor's tools, this bundle (its wheel
+# holds them too) and Gradescope's metadata. The grader runs as root and copies the harness
+# modules a call needs into the sandbox itself. Both scripts do it (an image may be rebuilt).
+HIDE = r"""# The grader's files, unreadable to nobody (student code) under any isolation layer.
+grader="$("$venv/bin/python" -c 'import autograder, os; print(os.path.dirname(autograder.__file__))')"
+chmod -R go-rwx "$grader/checks" "$grader/instructor" "$grader/cli.py" "$grader/doctor.py" "$root/source"
+chmod go-rwx "$root/submission_metadata.json" 2>/dev/null || true"""
 
 
 def scripts(lab: Lab, requires: list[str]) -> tuple[str, str]:
@@ -223,7 +236,8 @@ def scripts(lab: Lab, requires: list[str]) -> tuple[str, str]:
         for spec in requires if distribution(spec) in CPU_INDEX)
 
     def fill(text):
-        return text.replace("@LAB@", lab.number).replace("@SLUG@", lab.slug).replace("@CPU_INDEX@", cpu_builds)
+        return text.replace("@LAB@", lab.number).replace("@SLUG@", lab.slug).replace("@CPU_INDEX@", cpu_builds) \
+            .replace("@HIDE@", HIDE)
     return fill(SETUP), fill(RUN)
 
 

@@ -28,7 +28,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from autograder.sandbox import codec, isolation
+from autograder.sandbox import audit, codec, isolation
 from autograder.sandbox.child import REPLY, REQUEST
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -68,6 +68,7 @@ class Outcome:
     error_type: str = ""
     output: str = ""  # the tail of what the student's code printed
     duration_s: float = 0.0
+    flags: list = field(default_factory=list)  # (kind, detail): what the code did that it had no reason to (audit)
 
 
 def _limit_child(limits: Limits):
@@ -287,11 +288,13 @@ class Sandbox:
         next_scan, interval = time.monotonic(), 0.05
         while True:
             if len(self._inbox) >= REPLY.size:
-                code, length = REPLY.unpack_from(self._inbox)
-                if len(self._inbox) >= REPLY.size + length:
+                code, length, flags_length = REPLY.unpack_from(self._inbox)
+                end = REPLY.size + length + flags_length
+                if len(self._inbox) >= end:
                     reply = bytes(self._inbox[REPLY.size:REPLY.size + length])
-                    del self._inbox[:REPLY.size + length]
-                    return code, reply
+                    flags = bytes(self._inbox[REPLY.size + length:end])
+                    del self._inbox[:end]
+                    return code, reply, flags
             now = time.monotonic()
             if now > deadline:
                 return "timeout"
@@ -402,8 +405,15 @@ class Sandbox:
         shutil.rmtree(self._tmp, ignore_errors=True)
 
 
-def _outcome(code: int, data: bytes, output: str, duration: float) -> Outcome:
-    """What a call's exit code and reply (as the server passed them on) mean."""
+def _outcome(code: int, data: bytes, flag_records: bytes, output: str, duration: float) -> Outcome:
+    """What a call's exit code, reply and flag records (as the server passed them on) mean."""
+    outcome = _outcome_of(code, data, output, duration)
+    # A reply came back: the child's own code ran past the student's function, and wrote the last record.
+    outcome.flags = audit.check_channel(flag_records, outcome.status != "crashed" and bool(data))
+    return outcome
+
+
+def _outcome_of(code: int, data: bytes, output: str, duration: float) -> Outcome:
     if data:
         try:
             reply = codec.decode(data)

@@ -33,15 +33,19 @@ import tempfile
 import threading
 import traceback
 
-from autograder.sandbox import codec
+from autograder.sandbox import audit, codec, isolation
 from autograder.sandbox.reaper import PR_SET_CHILD_SUBREAPER, _prctl, drop_privileges, kill_and_reap_all
 from course import cuda_sim, refuse
 
 # grader -> server: a length, then a request (codec); server -> grader: the child's
-# exit code (negative: the signal that ended it) and the length of its reply, then the reply.
+# exit code (negative: the signal that ended it), the lengths of its reply and of its
+# flag records (autograder.sandbox.audit), then the reply, then the records.
 REQUEST = struct.Struct("<Q")
-REPLY = struct.Struct("<qQ")
+REPLY = struct.Struct("<qQQ")
 REPLY_LIMIT = 2**30  # bytes of a reply kept; a longer one arrives cut, and the grader finds it unreadable
+FLAGS_LIMIT = 2**18  # bytes of flag records kept
+# What a call may read besides its own folder, for the flags (the bubblewrap layer shows no more).
+SYSTEM_READS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/sys", "/dev", "/proc", "/run")
 
 
 def _load(target: dict, submission: str):
@@ -85,7 +89,8 @@ def run(request: dict) -> dict:
                 "where": _where(exc.__traceback__, submission)}
 
 
-def _call(request: dict, reply_fd: int, server_fds: tuple[int, ...], run_as: str) -> None:
+def _call(request: dict, reply_fd: int, flags_fd: int, server_fds: tuple[int, ...], run_as: str,
+          reads: tuple[list[str], list[str]]) -> None:
     """The forked child: one call, as the student's user. Never returns."""
     try:
         devnull = os.open(os.devnull, os.O_RDONLY)
@@ -107,7 +112,13 @@ def _call(request: dict, reply_fd: int, server_fds: tuple[int, ...], run_as: str
             threading.stack_size(2 * 2**20)
         tempfile.tempdir = None  # found again, as the student's user: the server may have cached another
         os.chdir(tempfile.mkdtemp(prefix="k2c-run-"))
+        allowed, denied = reads
+        target = request.get("target", {})
+        here = [tempfile.gettempdir(), os.environ.get("HOME", ""), os.getcwd(),
+                os.path.dirname(target.get("path", "")) if target.get("kind") == "harness" else ""]
+        audit.install(flags_fd, request["submission"], [*SYSTEM_READS, *allowed, *here], denied, _call.__code__)
         reply = run(request)
+        audit.end()
         try:
             payload = codec.encode(reply)
         except codec.CodecError as exc:
@@ -123,27 +134,34 @@ def _call(request: dict, reply_fd: int, server_fds: tuple[int, ...], run_as: str
         os._exit(0)
 
 
-def _collect(pid: int, reply_fd: int) -> tuple[int, bytes]:
-    """Read the child's reply while it runs; (its exit code, the reply) once it has ended.
-    A process it left may hold the pipe open, so the end is the child's exit, not EOF."""
-    chunks, size, status = [], 0, None
+def _collect(pid: int, reply_fd: int, flags_fd: int) -> tuple[int, bytes, bytes]:
+    """Read the child's reply and flag records while it runs; (its exit code, the reply,
+    the records) once it has ended. A process it left may hold the pipes open, so the
+    end is the child's exit, not EOF."""
+    kept = {reply_fd: bytearray(), flags_fd: bytearray()}
+    limit = {reply_fd: REPLY_LIMIT, flags_fd: FLAGS_LIMIT}
+    status = None
     while True:
         if status is None:
             done, wait_status = os.waitpid(pid, os.WNOHANG)
             if done:
                 status = os.waitstatus_to_exitcode(wait_status)
-                os.set_blocking(reply_fd, False)
-        try:
-            readable = select.select([reply_fd], [], [], 0.05 if status is None else 0)[0]
-            data = os.read(reply_fd, 1 << 20) if readable else b""
-        except BlockingIOError:
-            data = b""
-        if data and size < REPLY_LIMIT:
-            chunks.append(data[:REPLY_LIMIT - size])
-            size += len(chunks[-1])
-        if status is not None and not data:
-            os.close(reply_fd)
-            return status, b"".join(chunks)
+                for fd in kept:
+                    os.set_blocking(fd, False)
+        got = False
+        for fd in select.select(list(kept), [], [], 0.05 if status is None else 0)[0]:
+            try:
+                data = os.read(fd, 1 << 20)
+            except BlockingIOError:
+                data = b""
+            if data:
+                got = True
+                room = limit[fd] - len(kept[fd])
+                kept[fd] += data[:max(room, 0)]
+        if status is not None and not got:
+            for fd in kept:
+                os.close(fd)
+            return status, bytes(kept[reply_fd]), bytes(kept[flags_fd])
 
 
 def _empty(folder: str) -> None:
@@ -208,25 +226,30 @@ def serve() -> None:
         except Exception:  # noqa: BLE001 - as above: the calls meet the error themselves
             pass
     os.chdir("/")
+    # What the flags count as the call's to read (autograder.sandbox.audit), found once.
+    reads = (isolation.needed_paths(), isolation.hidden_paths())
     out = os.fdopen(result_fd, "wb", buffering=0)
-    out.write(REPLY.pack(0, 0))  # ready
+    out.write(REPLY.pack(0, 0, 0))  # ready
     while True:
         header = _read_exactly(0, REQUEST.size)
         if header is None:  # the grader closed the sandbox
             os._exit(0)
         request = codec.decode(_read_exactly(0, REQUEST.unpack(header)[0]) or b"")
         reply_r, reply_w = os.pipe()
+        flags_r, flags_w = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
             os.close(reply_r)
-            _call(request, reply_w, (result_fd,), run_as)
+            os.close(flags_r)
+            _call(request, reply_w, flags_w, (result_fd,), run_as, reads)
         os.close(reply_w)
-        code, reply = _collect(pid, reply_r)
+        os.close(flags_w)
+        code, reply, flags = _collect(pid, reply_r, flags_r)
         kill_and_reap_all()
         _empty_scratch(run_as, scratch)
-        out.write(REPLY.pack(code, len(reply)) + reply)
+        out.write(REPLY.pack(code, len(reply), len(flags)) + reply + flags)
 
 
 if __name__ == "__main__":

@@ -165,7 +165,8 @@ def hidden_paths() -> list[str]:
     if os.path.basename(PACKAGE_ROOT) not in ("site-packages", "dist-packages"):
         hidden += [os.path.join(PACKAGE_ROOT, name) for name in sorted(os.listdir(PACKAGE_ROOT))
                    if name not in ("course", "autograder")]
-    return hidden
+    needed = needed_paths()
+    return [h for h in hidden if not any(_under(n, h) for n in needed)]  # a .venv inside the checkout stays
 
 
 @functools.lru_cache(maxsize=1)
