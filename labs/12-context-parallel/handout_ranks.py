@@ -9,8 +9,8 @@ largest difference between this rank's output and the rows of the whole
 sequence's attention it holds, and the same for the gradients of q, k and v
 (the loss is ``(out * upstream).sum()`` for a random ``upstream``). Every rank
 builds the same float64 q, k and v from a seed and takes its shard: contiguous,
-or zigzag for causal ring attention (this file's own layout, the documented
-one). A function you have not written yet
+or zigzag for causal ring attention (the documented layout, written out below
+for 16 positions). A function you have not written yet
 comes back as ``{"not_written": message}``.
 """
 import torch
@@ -26,11 +26,11 @@ def whole_sequence(seed=0):
     return [torch.randn(BATCH, HEADS, SEQ, HEAD_DIM, generator=g, dtype=torch.float64) for _ in range(4)]
 
 
-def zigzag(seq_len, p):
-    """Rank r's positions under causal context parallelism: chunks r and 2p-1-r of 2p."""
-    chunk = seq_len // (2 * p)
-    return [list(range(r * chunk, (r + 1) * chunk)) + list(range((2 * p - 1 - r) * chunk, (2 * p - r) * chunk))
-            for r in range(p)]
+# Rank r's positions under causal context parallelism, chunks r and 2p-1-r of 2p, for the
+# 16 positions of ``whole_sequence`` (a table: computing it is your ``zigzag_indices``).
+ZIGZAG = {1: [list(range(16))],
+          2: [[0, 1, 2, 3, 12, 13, 14, 15], [4, 5, 6, 7, 8, 9, 10, 11]],
+          4: [[0, 1, 14, 15], [2, 3, 12, 13], [4, 5, 10, 11], [6, 7, 8, 9]]}
 
 
 def contiguous(seq_len, p):
@@ -42,7 +42,7 @@ def contiguous(seq_len, p):
 def layout(cp, function, causal, p):
     """The documented layout (this file's, as the grader's: a wrong ``zigzag_indices``
     of yours is reported by section 3, not mistaken here for a wrong ring)."""
-    return zigzag(SEQ, p) if function == "ring" and causal else contiguous(SEQ, p)
+    return ZIGZAG[p] if function == "ring" and causal else contiguous(SEQ, p)
 
 
 def _largest(a, b):

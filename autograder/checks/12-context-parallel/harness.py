@@ -12,8 +12,8 @@ reports the largest tensor it made.
 
 ``cases_job(P, cases)`` runs every ring and Ulysses case on P ranks in one
 ``course.dist`` job. Each rank takes its shard of the whole q, k, v and upstream
-gradient (contiguous, or zigzag for causal ring attention, by the lab's
-documented layout), runs the student's function forward and backward under
+gradient (the positions the case gives it: contiguous, or for causal ring
+attention the documented zigzag layout), runs the student's function forward and backward under
 ``OpLog`` (the messages, all-to-alls, waits and compute of each phase, and the
 largest tensor whose last dimension is the head dimension), and records its
 output and gradients. A rank writes a file per case as soon as it is done
@@ -111,16 +111,6 @@ def one_process(queries):
 
 # --- the distributed cases -------------------------------------------------------------------
 
-def shard(seq_len, P, rank, zigzag):
-    """The positions rank ``rank`` holds: contiguous, or chunks r and 2P-1-r of 2P."""
-    if zigzag:
-        chunk = seq_len // (2 * P)
-        return (list(range(rank * chunk, (rank + 1) * chunk))
-                + list(range((2 * P - 1 - rank) * chunk, (2 * P - rank) * chunk)))
-    part = seq_len // P
-    return list(range(rank * part, (rank + 1) * part))
-
-
 def _events(log, phase):
     return {kind: log.elements(kind, phase) for kind in ("send", "recv", "all_to_all", "all_gather", "all_reduce",
                                                          "broadcast", "reduce_scatter", "scatter", "gather")}
@@ -145,7 +135,7 @@ def _run_case(student, case, rank, P):
         except Exception as exc:  # noqa: BLE001 - reported: the wrong error
             return {"raised": False, "message": f"{type(exc).__name__}: {exc}"[:300]}
         return {"raised": False, "message": ""}
-    mine = shard(case["q"].shape[-2], P, rank, case["function"] == "ring" and causal)
+    mine = list(case["positions"][rank])
     q, k, v = (_torch(case[name][..., mine, :]).requires_grad_() for name in ("q", "k", "v"))
     upstream = _torch(case["upstream"][..., mine, :])
     with OpLog(last_dim=q.shape[-1]) as log:

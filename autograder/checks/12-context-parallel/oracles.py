@@ -1,18 +1,27 @@
-"""The oracles of lab 12's checks, in NumPy float64, in the grader's process.
+"""The public oracles of lab 12's checks, in the grader's process. None of them
+computes what a lab function returns: the attention itself is torch's own, the
+rest are checks of an answer, closed forms and tables.
 
-- ``attention``: dense attention from its definition (softmax of the scaled
-  scores, the causal mask as -inf), with each row's log-sum-exp;
-  ``attention_grads``: its gradients, the softmax's Jacobian written out.
-  tests/test_12_context_parallel.py holds both to torch's
-  ``scaled_dot_product_attention`` and autograd.
-- ``merge``: two blocks' partial results combined from the definition,
-  normalised by the larger log-sum-exp (NumPy's ``logaddexp``).
-- ``zigzag``/``contiguous``: the documented layouts; ``causal_pairs``: the
+- ``torch_attention``: torch's ``scaled_dot_product_attention`` and autograd in
+  float64, the library's attention (which the lab does not refuse and does not
+  ask for): the reference for every output and gradient.
+- ``lse_problem``: a log-sum-exp is right when ``sum_j exp(score_ij - lse_i)``
+  over the keys row i sees is 1 (checked, not computed).
+- ``merge_problem``: a merge is right when the two blocks' weights
+  ``exp(lse_a - lse)`` and ``exp(lse_b - lse)``, read off the student's merged
+  log-sum-exp, add up to 1 and weigh ``out_a`` and ``out_b`` into the student's
+  ``out``.
+- ``ZIGZAG``: the documented layouts for the sizes the checks use, as a table;
+  ``contiguous``: the layout without causal masking; ``causal_pairs``: the
   unmasked (query, key) pairs of a set of positions, sum of (i + 1).
-- ``best_balance``: the best placement's busiest rank, by trying every placement.
+- ``best_balance``: the best placement's busiest rank, by trying every placement
+  (the lab's ``balance`` is greedy; this is the exhaustive search it is held to).
 - The inputs: seeded normal tensors, tensors whose scores are all near ±1e4, and
   position-encoded ones whose attention picks exactly one key per query (see
   ``position_encoded``).
+
+The zigzag layout for any size, which is what ``zigzag_indices`` returns, is in
+``oracles_hidden.py``, for the hidden check only.
 """
 import itertools
 import math
@@ -20,44 +29,92 @@ import math
 import numpy as np
 
 
-def attention(q, k, v, causal=False):
-    """(out, lse) of ``q`` ``[..., sq, d]`` against ``k``, ``v`` ``[..., sk, d]``."""
+def torch_attention(q, k, v, causal=False, upstream=None):
+    """torch's attention of ``q`` ``[..., sq, d]`` against ``k``, ``v`` ``[..., sk, d]`` in
+    float64: the output, or with ``upstream`` (out, dq, dk, dv) of ``sum(out * upstream)``."""
+    import torch
+
+    tensors = [torch.tensor(np.ascontiguousarray(x), dtype=torch.float64).requires_grad_(upstream is not None)
+               for x in (q, k, v)]
+    out = torch.nn.functional.scaled_dot_product_attention(*tensors, is_causal=causal)
+    if upstream is None:
+        return out.detach().numpy()
+    out.backward(torch.tensor(np.ascontiguousarray(upstream), dtype=torch.float64))
+    return (out.detach().numpy(), *(t.grad.numpy() for t in tensors))
+
+
+def _array(value, shape, what):
+    try:
+        found = np.asarray(value, dtype=float)
+    except (TypeError, ValueError):
+        return None, f"{what} should be an array of numbers, got {str(value)[:120]}"
+    if found.shape != tuple(shape):
+        return None, f"{what} has shape {found.shape}, expected {tuple(shape)}"
+    return found, None
+
+
+def lse_problem(q, k, causal, lse, what, tolerance=1e-9):
+    """None when ``lse`` is each query row's log-sum-exp of its scaled scores
+    (``q k^T / sqrt(d)``, keys after the row hidden when causal); else what is
+    wrong. Checked as ``sum_j exp(score_ij - lse_i) == 1``, which holds for one
+    value of ``lse_i`` only."""
+    found, problem = _array(lse, q.shape[:-1], what)
+    if problem:
+        return problem
     scores = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
     if causal:
         scores = np.where(np.triu(np.ones(scores.shape[-2:], dtype=bool), 1), -np.inf, scores)
-    top = scores.max(axis=-1, keepdims=True)
-    weights = np.exp(scores - top)
-    total = weights.sum(axis=-1, keepdims=True)
-    return (weights / total) @ v, (top + np.log(total))[..., 0]
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = np.exp(scores - found[..., None]).sum(axis=-1)
+    wrong = np.argwhere(~(np.abs(total - 1) <= tolerance))
+    if len(wrong):
+        at = tuple(int(i) for i in wrong[0])
+        return (f"{what}{list(at)} = {found[at]!r}: the sum over the keys of exp(score - lse) is {total[at]:.12g}, "
+                f"not 1 ({len(wrong)} of {total.size} rows; lse is log of the sum of exp(score) over the keys the "
+                "row sees, scores q·k / sqrt(d))")
+    return None
 
 
-def attention_grads(q, k, v, causal, upstream):
-    """(dq, dk, dv) of ``sum(attention(q, k, v) * upstream)``."""
-    scale = 1 / math.sqrt(q.shape[-1])
-    out, lse = attention(q, k, v, causal)
-    scores = q @ np.swapaxes(k, -1, -2) * scale
-    if causal:
-        scores = np.where(np.triu(np.ones(scores.shape[-2:], dtype=bool), 1), -np.inf, scores)
-    p = np.exp(scores - lse[..., None])
-    dv = np.swapaxes(p, -1, -2) @ upstream
-    dp = upstream @ np.swapaxes(v, -1, -2)
-    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
-    return ds @ k * scale, np.swapaxes(ds, -1, -2) @ q * scale, dv
+def merge_problem(out_a, lse_a, out_b, lse_b, out, lse, what, rtol, atol, tolerance=1e-9):
+    """None when (``out``, ``lse``) merges two blocks' (out, lse): the weights
+    ``exp(lse_a - lse)`` and ``exp(lse_b - lse)`` add up to 1 (``lse`` is the
+    log-sum-exp over both blocks' keys) and weigh ``out_a`` and ``out_b`` into
+    ``out``; else what is wrong."""
+    from autograder.grading.checking import expect_array
 
-
-def merge(out_a, lse_a, out_b, lse_b):
-    """(out, lse) over both blocks' keys: each block weighted by exp(lse - the larger lse)."""
-    top = np.maximum(lse_a, lse_b)
-    wa, wb = np.exp(lse_a - top), np.exp(lse_b - top)
-    return (wa[..., None] * out_a + wb[..., None] * out_b) / (wa + wb)[..., None], np.logaddexp(lse_a, lse_b)
+    found_out, problem = _array(out, out_a.shape, f"{what}: out")
+    found_lse, problem = (None, problem) if problem else _array(lse, lse_a.shape, f"{what}: lse")
+    if problem:
+        return problem
+    with np.errstate(over="ignore", invalid="ignore"):
+        weight_a, weight_b = np.exp(lse_a - found_lse), np.exp(lse_b - found_lse)
+    total = weight_a + weight_b
+    wrong = np.argwhere(~(np.abs(total - 1) <= tolerance))
+    if len(wrong):
+        at = tuple(int(i) for i in wrong[0])
+        return (f"{what}: lse{list(at)} = {found_lse[at]!r} for lse_a = {lse_a[at]!r}, lse_b = {lse_b[at]!r}: "
+                f"exp(lse_a - lse) + exp(lse_b - lse) is {total[at]:.12g}, not 1 ({len(wrong)} of {total.size}; "
+                "the merged lse is the log-sum-exp over both blocks' keys)")
+    try:
+        expect_array(found_out, weight_a[..., None] * out_a + weight_b[..., None] * out_b, f"{what}: out",
+                     rtol=rtol, atol=atol)
+    except AssertionError as exc:
+        return f"{exc} (each block weighs exp(its lse - the merged lse))"
+    return None
 
 
 # --- layouts and work ---------------------------------------------------------------------------
 
-def zigzag(seq_len, P):
-    chunk = seq_len // (2 * P)
-    return [list(range(r * chunk, (r + 1) * chunk)) + list(range((2 * P - 1 - r) * chunk, (2 * P - r) * chunk))
-            for r in range(P)]
+# The documented zigzag layout (rank r: chunks r and 2P-1-r of 2P) for every (sequence, P) the public
+# checks use, written out.
+ZIGZAG = {
+    (2, 1): [[0, 1]],
+    (4, 2): [[0, 3], [1, 2]],
+    (8, 4): [[0, 7], [1, 6], [2, 5], [3, 4]],
+    (16, 2): [[0, 1, 2, 3, 12, 13, 14, 15], [4, 5, 6, 7, 8, 9, 10, 11]],
+    (16, 4): [[0, 1, 14, 15], [2, 3, 12, 13], [4, 5, 10, 11], [6, 7, 8, 9]],
+    (24, 3): [[0, 1, 2, 3, 20, 21, 22, 23], [4, 5, 6, 7, 16, 17, 18, 19], [8, 9, 10, 11, 12, 13, 14, 15]],
+}
 
 
 def contiguous(seq_len, P):
