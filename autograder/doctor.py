@@ -66,10 +66,11 @@ def _isolation() -> str:
         found = isolation.detect()
     except RuntimeError as exc:
         return f"Isolation: none works here ({exc})"
-    line = f"Isolation: {found.layer.value}: {found.describe()}"
+    line = f"Isolation: {found.layer.value}: {found.describe()}\n  student code could read: {found.readable}"
     if found.layer is not isolation.Layer.BUBBLEWRAP:
         line += ("\n  for namespaces (no network, read-only files, nothing outlives a call): install bubblewrap "
-                 "(Debian/Ubuntu: apt-get install bubblewrap), or grade in a container that allows it")
+                 "(Debian/Ubuntu: apt-get install bubblewrap), or grade in a container that allows it; "
+                 "k2c grade-class refuses this layer unless --allow-weak-isolation")
     return line
 
 
