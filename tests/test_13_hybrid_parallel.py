@@ -1,10 +1,15 @@
-"""Lab 13's grader: the planner's oracles are right (the ZeRO paper's numbers,
+"""Lab 13's grader: the planner's hidden oracles are right (the ZeRO paper's numbers,
 module 07's estimate, the closed forms worked by hand, exhaustive search
-reduced to stage counts without losing the best plan) and a search that never
-returns costs its own check only; run_plan's single-process oracle is TinyGPT's
-own training, its shards reassemble the dense parameters, the α–β fit recovers
-known links, and Spearman's ρ behaves as the ranking check's docstring says."""
+reduced to stage counts without losing the best plan), the public checks' table
+(expected.json) is their answers, and a search that never returns costs its own
+check only; run_plan's single-process oracle is TinyGPT's own training, its
+shards reassemble the dense parameters, the α–β fit recovers known links, and
+Spearman's ρ behaves as the ranking check's docstring says.
+
+``python tests/test_13_hybrid_parallel.py`` rewrites expected.json from the
+hidden oracles (after a change to them or to the public checks' cases)."""
 import importlib.util
+import json
 import math
 import time
 
@@ -18,7 +23,8 @@ from course import fits
 LAB = "13-hybrid-parallel"
 CHECKS = REPO / "autograder" / "checks" / LAB
 checks = load_check_file(LAB, "check_planner")
-oracles = checks.oracles
+oracles = load_check_file(LAB, "oracles_hidden")
+hidden_checks = load_check_file(LAB, "check_planner_hidden")
 hybrid_harness = load_check_file(LAB, "harness_hybrid")
 hybrid_checks = load_check_file(LAB, "check_hybrid")
 
@@ -82,6 +88,10 @@ def test_the_search_cases_bind_the_budget_and_differ():
         names = [n for n in checks.SEARCH_BY_NAME if n.startswith(prefix)]
         bests = [oracles.best_plan(*checks.SEARCH_BY_NAME[n][1:4])[0] for n in names]
         assert len(set(bests)) == len(bests), (prefix, bests)
+    for name, model, where, budget, _ in hidden_checks.SEARCHES:  # the hidden ones: each budget binds
+        assert oracles.best_plan(model, where, budget)[0] > oracles.best_plan(model, where, 1e13)[0] > 0, name
+    public = {(repr(m), repr(w), b) for _, m, w, b, _ in checks.SEARCHES}
+    assert not public & {(repr(m), repr(w), b) for _, m, w, b, _ in hidden_checks.SEARCHES}
 
 
 def test_a_search_that_never_returns_costs_its_own_check(tmp_path):
@@ -170,3 +180,39 @@ def test_ranked_plans_use_four_devices_and_differ():
         p, m = entry["plan"], entry["model"]
         assert p["dp"] * p["tp"] == hybrid_checks.WORLD and p["pp"] == 1 and m["steps"] >= 3
     assert len({repr(e) for e in hybrid_checks.RANKED}) == len(hybrid_checks.RANKED)
+
+
+def expected_table():
+    """What expected.json holds: the hidden oracles' answers for the public checks' cases."""
+    cost = {}
+    for name, plan, model, where in checks.COST_CASES:
+        if name in dict((c[0], c) for c in checks.INVALID):
+            continue
+        got = oracles.cost(plan, model, where)
+        cost[name] = {**{k: got[k] for k in ("time", "pipeline", "bubble", "memory")},
+                      "stages": [{k: st[k] for k in checks.STAGE_FIELDS} for st in got["stages"]]}
+    search = {}
+    for name, model, where, budget, _ in checks.SEARCHES:
+        if name == "nothing fits":
+            continue
+        find = oracles.best_uniform_plan if name == "64 devices, 32 layers" else oracles.best_plan
+        time_, plan = find(model, where, budget)
+        search[name] = {"time": time_, "plan": plan}
+    return {"cost": cost, "search": search}
+
+
+def test_the_public_table_is_the_hidden_oracles_answers():
+    stored = json.loads((CHECKS / "expected.json").read_text())
+    assert stored == expected_table(), "expected.json is stale: run python tests/test_13_hybrid_parallel.py"
+    assert oracles.best_plan(*checks.SEARCH_BY_NAME["nothing fits"][1:4]) == (math.inf, None)
+
+
+def _one_case_a_line(table):
+    parts = [",\n".join(f"  {json.dumps(name)}: {json.dumps(value)}" for name, value in cases.items())
+             for cases in table.values()]
+    return "{\n" + ",\n".join(f" {json.dumps(kind)}: {{\n{part}\n }}" for kind, part in zip(table, parts)) + "\n}\n"
+
+
+if __name__ == "__main__":
+    (CHECKS / "expected.json").write_text(_one_case_a_line(expected_table()))
+    print(f"wrote {CHECKS / 'expected.json'}")

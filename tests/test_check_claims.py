@@ -229,6 +229,7 @@ CLAIMS = {
         'blockwise_attention_never_makes_the_full_score_matrix': 'blockwise_attention attends to the whole sequence at once',
         'zigzag_layout': 'contiguous chunks under causal masking (balance lost)',
         'zigzag_balances_causal_work': 'contiguous chunks under causal masking (balance lost)',
+        'zigzag_layout_on_more_sizes': 'contiguous chunks under causal masking (balance lost)',
         'sequence_not_in_2P_chunks_is_an_error': 'zigzag_indices rounds the chunk down instead of refusing the sequence',
         'balance': 'balance deals the sequences out in turn, whatever their lengths',
         'ring_attention': 'ring masks causally whatever the causal flag',
@@ -277,6 +278,7 @@ CLAIMS = {
         'search_on_one_device': "search caps a stage's memory by the budget, not by its devices' own memory",
         'search_raises_when_nothing_fits': 'search ignores the memory budget',
         'search_scales_to_large_clusters': 'search ignores the memory budget',
+        'search_matches_brute_force_on_more_cases': 'greedy search: the most promising shape that fits, never the others',
     },
 }
 

@@ -5,7 +5,8 @@ the planner's checks in one call (importing the planner, and with it torch,
 once). An answer is ``{"value": ...}`` (plain data), ``{"error": ...}`` when the
 call raised, or for a search ``{"hung": seconds}`` when it ran past its limit
 (a search that takes too long costs only its own check); every search answer
-also says how many ``seconds`` it took. A function that is still a stub
+also says how many ``seconds`` it took, and one that is a plan the student's own
+``cost_model`` of it (``cost``). A function that is still a stub
 answers ``{"not_implemented": message}`` for all its queries.
 
 The run_plan and SLURM checks' grader code lives in ``harness_hybrid.py`` and
@@ -38,11 +39,19 @@ def _answers(function, calls, limit=None):
 
 def planner_answers(queries):
     """{"cost_model": [...], "search": [...]}: the answers to the queries, in order.
-    A search query is (model, cluster, budget, limit in seconds)."""
+    A search query is (model, cluster, budget, limit in seconds). A search answer that
+    is a plan also holds ``cost``: the answer of ``cost_model`` on that plan, by which
+    the public checks time and size it."""
     import planner
 
-    return {"cost_model": _answers(planner.cost_model, queries["cost_model"]),
-            "search": [_answers(planner.search, [q[:3]], limit=q[3]) for q in queries["search"]]}
+    searches = []
+    for model, cluster, budget, limit in queries["search"]:
+        answer = _answers(planner.search, [(model, cluster, budget)], limit=limit)
+        if isinstance(answer, list) and "value" in answer[0]:
+            cost = _answers(planner.cost_model, [(answer[0]["value"], model, cluster)])
+            answer[0]["cost"] = cost if isinstance(cost, dict) else cost[0]
+        searches.append(answer)
+    return {"cost_model": _answers(planner.cost_model, queries["cost_model"]), "search": searches}
 
 
 # --- the grader code of run_plan (harness_hybrid.py) and of the SLURM functions (harness_cluster.py) ---

@@ -1,4 +1,10 @@
-"""Lab 13's oracles: the cost model from its closed forms, and brute-force search.
+"""Lab 13's hidden oracles: the cost model from its closed forms, and brute-force search.
+
+They compute what the lab's ``cost_model`` and ``search`` return, so only the
+hidden checks (``check_planner_hidden.py``) and the tests use them and ``k2c
+release`` leaves them out (lab.toml's ``hidden``). The public checks hold the
+student's planner to a table of these oracles' answers for their fixed cases
+(``expected.json``, which tests/test_13_hybrid_parallel.py holds to them).
 
 Written from the formulas in the lab's docstring and the papers, not from the
 student's modules 07 and 09: the parameter count per GPT block (12h² + 13h),
@@ -17,7 +23,7 @@ fastest fitting choice of strategies can be in a best plan. ``best_plan``
 therefore enumerates every cut of the layers into stages, with each stage's
 fastest fitting choice found by trying every count of strategies.
 
-The searches take seconds on 8 devices and their answers depend only on their
+The searches take up to seconds and their answers depend only on their
 arguments, so each is computed once per grader process (``remembered``): the
 module is loaded once per process (``load_beside``), and a batch of gradings
 asks the same questions.
@@ -28,8 +34,11 @@ import itertools
 import json
 import math
 
-STRATEGIES = ("none", "selective", "full")
+from autograder.grading.checking import load_beside
 
+public = load_beside(__file__, "oracles")
+STRATEGIES, compositions, shapes, problem_with = (public.STRATEGIES, public.compositions, public.shapes,
+                                                  public.problem_with)
 
 def remembered(search):
     """``search(model, cluster, budget)``, computed once per distinct arguments (plain data)."""
@@ -42,27 +51,6 @@ def remembered(search):
             answers[key] = search(*args)
         return copy.deepcopy(answers[key])
     return remembering
-
-
-def compositions(total, parts):
-    """Every list of ``parts`` positive integers adding up to ``total``."""
-    for cuts in itertools.combinations(range(1, total), parts - 1):
-        bounds = (0,) + cuts + (total,)
-        yield [bounds[i + 1] - bounds[i] for i in range(parts)]
-
-
-def shapes(model, devices):
-    """Every (dp, tp, pp, m) of the search space."""
-    for dp in range(1, devices + 1):
-        for tp in range(1, devices // dp + 1):
-            if devices % (dp * tp) or model["heads"] % tp or model["hidden"] % tp:
-                continue
-            pp = devices // (dp * tp)
-            if pp > model["layers"] or model["batch"] % dp:
-                continue
-            for m in range(1, model["batch"] // dp + 1):
-                if model["batch"] % (dp * m) == 0:
-                    yield dp, tp, pp, m
 
 
 def node_of_ranks(cluster):
@@ -276,26 +264,3 @@ def best_plan_per_layer(model, cluster, budget):
                         if time < best[0]:
                             best = (time, plan)
     return best
-
-
-def problem_with(plan, model, cluster):
-    """None when ``plan`` is a valid plan for ``model`` on ``cluster``, else what is wrong."""
-    if not isinstance(plan, dict):
-        return f"a plan is a dict, got {plan!r:.120}"
-    keys = ("dp", "tp", "pp", "microbatches", "zero", "schedule", "stages", "recompute")
-    if any(k not in plan for k in keys):
-        return f"the plan has no {', '.join(k for k in keys if k not in plan)}: {plan!r:.200}"
-    dp, tp, pp, m = (plan[k] for k in ("dp", "tp", "pp", "microbatches"))
-    if not all(isinstance(x, int) and x >= 1 for x in (dp, tp, pp, m)):
-        return f"dp, tp, pp and microbatches must be positive integers: {plan!r:.200}"
-    if (dp, tp, pp, m) not in set(shapes(model, sum(node["devices"] for node in cluster["nodes"]))):
-        return f"dp={dp}, tp={tp}, pp={pp}, microbatches={m} is not a shape of the search space"
-    if plan["zero"] not in range(4) or plan["schedule"] not in ("1f1b", "gpipe"):
-        return f"zero must be 0-3 and schedule '1f1b' or 'gpipe': {plan!r:.200}"
-    stages, recompute = plan["stages"], plan["recompute"]
-    if (not isinstance(stages, list) or len(stages) != pp or sum(stages) != model["layers"]
-            or min(stages) < 1):
-        return f"stages {stages!r} must give each of the {pp} stages at least one of the {model['layers']} layers"
-    if not isinstance(recompute, list) or len(recompute) != model["layers"] or not set(recompute) <= set(STRATEGIES):
-        return f"recompute must name one of {STRATEGIES} per layer: {recompute!r:.200}"
-    return None
