@@ -177,3 +177,17 @@ def our_processes(monkeypatch):
                 found.append(f"{entry} {cmd}")
         return found
     return ours
+
+
+@pytest.fixture
+def bubblewrap():
+    """The strong isolation layer. CI installs bubblewrap, so there it must be in use; elsewhere
+    (a laptop without it) the tests that need it are skipped, and say so."""
+    from autograder.sandbox import isolation
+
+    found = isolation.detect()
+    if found.layer is not isolation.Layer.BUBBLEWRAP:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must grade under bubblewrap; this machine gives {found.describe()}")
+        pytest.skip(f"needs bubblewrap (apt-get install bubblewrap); here: {found.describe()}")
+    return found

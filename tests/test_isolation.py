@@ -180,18 +180,6 @@ def hostile(tmp_path):
     return call
 
 
-@pytest.fixture
-def bubblewrap():
-    """The strong layer. CI installs bubblewrap, so there it must be in use; elsewhere
-    (a laptop without it) the tests that need it are skipped, and say so."""
-    found = isolation.detect()
-    if found.layer is not Layer.BUBBLEWRAP:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must grade under bubblewrap; this machine gives {found.describe()}")
-        pytest.skip(f"needs bubblewrap (apt-get install bubblewrap); here: {found.describe()}")
-    return found
-
-
 def test_this_machine_gives_the_strongest_layer(bubblewrap):
     if os.geteuid() == 0:
         assert bubblewrap.uid == 65534, bubblewrap.describe()

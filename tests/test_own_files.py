@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from autograder.grading.flags import static_flags
-from autograder.sandbox import Limits, isolation, run_call
+from autograder.sandbox import Limits, run_call
 from autograder.sandbox.isolation import Isolation, Layer
 from conftest import REPO, grade_json, k2c
 
@@ -58,16 +58,6 @@ def _call(folder, module, func, layer=None, args=()):
 
 def _kinds(outcome):
     return {kind for kind, _ in outcome.flags}
-
-
-@pytest.fixture
-def bubblewrap():
-    found = isolation.detect()
-    if found.layer is not Layer.BUBBLEWRAP:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must grade under bubblewrap; this machine gives {found.describe()}")
-        pytest.skip(f"needs bubblewrap (apt-get install bubblewrap); here: {found.describe()}")
-    return found
 
 
 @pytest.mark.parametrize("source", [BY_PATH, BY_GLOB], ids=["by path", "by glob"])
