@@ -112,6 +112,15 @@ def test_the_zip_holds_the_scripts_and_a_wheel_of_only_what_lab_06_needs(tmp_pat
     assert (tmp_path / "again.zip").read_bytes() == (tmp_path / "autograder.zip").read_bytes()
 
 
+@pytest.mark.parametrize("lab", [lab for lab in all_labs() if lab.hidden], ids=lambda lab: lab.slug)
+def test_the_wheel_holds_the_labs_hidden_checks_and_oracles(lab):
+    """Gradescope grades for the instructor: the hidden checks and their oracles ship in its
+    wheel (the student repository leaves them out), at the same place in the checks folder."""
+    files = gradescope.wheel_files(lab)
+    assert {f"autograder/checks/{lab.slug}/{name}" for name in lab.hidden} <= set(files)
+    assert all(files[f"autograder/checks/{lab.slug}/{name}"] == lab.checks_dir / name for name in lab.hidden)
+
+
 def test_a_lab_without_requires_gets_every_course_dependency():
     lab = find_lab("06")
     pinned = ["numpy>=1.26", "pytest>=8", "torch==2.13.0", "mpi4py>=4.0"]

@@ -118,6 +118,54 @@ def test_a_hint_that_spells_out_the_body_is_a_leak(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def _hidden_lab(root, public_check, toml="hidden = [\"check_x_hidden.py\", \"oracles_hidden.py\"]\n"):
+    """A course whose one lab has a public check, a hidden check and a hidden oracle."""
+    source = _course(root, SOLUTION.replace("HINT", "a line"), strip_solutions(SOLUTION.replace("HINT", "a line")))
+    checks = source / "autograder" / "checks" / "01-x"
+    checks.mkdir(parents=True)
+    (checks / "lab.toml").write_text('title = "x"\nfiles = ["m.py"]\n' + toml)
+    (checks / "check_x.py").write_text(public_check)
+    (checks / "check_x_hidden.py").write_text('oracle = load_beside(__file__, "oracles_hidden")\n')
+    (checks / "oracles_hidden.py").write_text("def answer(x):\n    return x\n")
+    return source
+
+
+def test_hidden_checks_and_their_oracles_stay_out_of_the_release(tmp_path):
+    files = contents(_hidden_lab(tmp_path, 'from autograder.grading.checking import load_beside\n'))
+    assert {f for f in files if f.startswith("autograder/checks/")} == {"autograder/checks/01-x/lab.toml",
+                                                                        "autograder/checks/01-x/check_x.py"}
+
+
+@pytest.mark.parametrize("public_check", [
+    'oracle = load_beside(__file__, "oracles_hidden")\n',
+    "import oracles_hidden\n",
+    "from check_x_hidden import oracle\n",
+], ids=["load_beside", "import", "from-import"])
+def test_a_public_check_that_uses_a_hidden_module_refuses_the_release(tmp_path, public_check):
+    source = _hidden_lab(tmp_path, public_check)
+    with pytest.raises(ReleaseError, match=r"check_x\.py uses (oracles|check_x)_hidden, which is not released"):
+        release(source, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("toml, why", [
+    ('hidden = ["oracles_hidden.py"]\n', "check_x_hidden.py is named as hidden, but lab.toml's hidden does not list it"),
+    ('hidden = ["check_x_hidden.py", "oracles_hidden.py", "check_y_hidden.py"]\n', "which is not a file"),
+    ('hidden = ["check_x_hidden.py", "oracles_hidden.py", "check_x.py"]\n', "a hidden file is named *_hidden.py"),
+], ids=["unlisted", "missing", "misnamed"])
+def test_a_hidden_list_that_would_ship_a_hidden_file_refuses_the_release(tmp_path, toml, why):
+    with pytest.raises(ReleaseError, match="the hidden checks are not what lab.toml says") as refused:
+        contents(_hidden_lab(tmp_path, "x = 1\n", toml))
+    assert why in str(refused.value)
+
+
+def test_every_labs_hidden_list_is_right():
+    from autograder.grading.labs import all_labs, hidden_problems
+
+    assert [p for lab in all_labs() for p in hidden_problems(lab.checks_dir, lab.hidden)] == []
+    assert {lab.number for lab in all_labs() if lab.hidden} >= {"11", "12", "13"}
+
+
 # --- the release itself ---------------------------------------------------------------------------
 
 
@@ -166,6 +214,36 @@ def test_release_is_one_clean_commit_with_no_solution_code(released):
         leaked += [f"{name} ({where}) in {rel}" for (where, name), variants in bodies.items()
                    if any(b in t for b in variants for t in texts)]
     assert leaked == []
+
+    # No hidden check or hidden oracle ships, and nothing of theirs: neither a file nor any
+    # function body of them is in a released file; the public checks of labs 11-13 define
+    # none of their labs' algorithms at module level (the grader's schedules, simulator,
+    # attention, merge, layout, cost model or search; the harness's helpers that call the
+    # student's functions may share their names).
+    from autograder.grading.labs import all_labs
+
+    hidden = {f"autograder/checks/{lab.slug}/{name}" for lab in all_labs() for name in lab.hidden}
+    assert hidden and not hidden & set(tracked)
+    assert not [rel for rel in tracked if rel.startswith("autograder/checks/") and "_hidden" in rel]
+    hidden_bodies = {}
+    for rel in hidden:
+        source = (REPO / rel).read_text()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef) and len(node.body) > 1:
+                body = "\n".join(ast.get_source_segment(source, stmt) for stmt in node.body[1:])  # past the docstring
+                if len(squash(body)) >= TRIVIAL:
+                    hidden_bodies[f"{rel}:{node.name}"] = squash(no_comments(body))
+    assert len(hidden_bodies) > 10
+    released_code = {rel: texts for rel in tracked if rel.endswith(".py")
+                     for texts in [released_texts(released / rel)]}
+    assert [f"{where} in {rel}" for where, body in hidden_bodies.items() for rel, texts in released_code.items()
+            if any(body in t for t in texts)] == []
+    answers = {"11": {"make_schedule", "simulate"}, "12": {"attention", "attention_grads", "merge", "zigzag"},
+               "13": {"cost", "stage_of", "best_plan", "best_uniform_plan", "module07_peak", "zero_table"}}
+    for lab in all_labs():
+        for rel in (p for p in tracked if p.startswith(f"autograder/checks/{lab.slug}/") and p.endswith(".py")):
+            defined = {n.name for n in ast.parse((released / rel).read_text()).body if isinstance(n, ast.FunctionDef)}
+            assert not defined & answers.get(lab.number, set()), (rel, defined & answers[lab.number])
 
 
 def _light_venv(release):
@@ -250,6 +328,17 @@ def test_readme_commands_set_up_and_grade_the_starters_at_zero(released, tmp_pat
     assert grade.stdout.count("not implemented yet") >= statuses.count("failed")
     from autograder.sandbox.isolation import detect
     assert f"isolation: {detect().layer.value}" in grade.stdout  # the same layer as in this checkout
+
+    # The released grader lists only the public checks: those of this checkout not marked hidden.
+    listed = subprocess.run([str(released / ".venv/bin/k2c"), "grade", "all", "--list", "--format", "json"],
+                            cwd=released, env=env, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    from autograder.grading.labs import all_labs
+    from autograder.grading.runner import list_checks
+    for lab in (lab for lab in all_labs() if lab.hidden):
+        ours = list_checks(lab)
+        assert any(c.hidden for c in ours) and not any(c["hidden"] for c in json.loads(listed.stdout)[lab.slug])
+        assert [c["name"] for c in json.loads(listed.stdout)[lab.slug]] == [c.name for c in ours if not c.hidden]
 
     # Setting up and grading leave the student's tree clean (.gitignore covers .venv, egg-info).
     assert git(released, "status", "--porcelain") == ""

@@ -2,22 +2,29 @@
 
 The release is what a student clones: the lectures and the course toolkit
 (``course/``), the handouts and starters (``labs/``, exactly what ``k2c sync``
-writes), the grader with every lab's checks (``autograder/``), the one-node
-SLURM script, ``pyproject.toml``, ``environment.yml``, and a Makefile, README
-and ``.gitignore`` written for students. It leaves out everything that holds or
-quotes reference code: ``solutions/``; ``tests/`` (its fixtures are references
-with one mistake each); ``benchmarks/`` (they import ``solutions/``); ``docs/``
-(the instructor guide quotes a solution); the scripts that grade ``solutions/``.
+writes), the grader with every lab's public checks (``autograder/``), the
+one-node SLURM script, ``pyproject.toml``, ``environment.yml``, and a Makefile,
+README and ``.gitignore`` written for students. It leaves out everything that
+holds or quotes reference code: ``solutions/``; ``tests/`` (its fixtures are
+references with one mistake each); ``benchmarks/`` (they import ``solutions/``);
+``docs/`` (the instructor guide quotes a solution); the scripts that grade
+``solutions/``; and each lab's hidden checks with the oracles only they use
+(``lab.toml``'s ``hidden``): an oracle that computes the lab's answer would hand
+it to a student's code that loads it.
 
-Two guards refuse a release before anything is written: ``labs/`` must be in
-sync with ``solutions/`` (the instructor ships the starters they have seen),
-and no solution region may appear in any released file, notebooks included
-(a hint that spells out the answer, a helper or lecture that copies one).
+Guards refuse a release before anything is written: ``labs/`` must be in sync
+with ``solutions/`` (the instructor ships the starters they have seen); each
+``hidden`` list must name files that exist, all of them ``*_hidden``, and every
+``*_hidden`` file; no released check may import or name (``load_beside``) a
+module the release leaves out; and no solution region may appear in any
+released file, notebooks included (a hint that spells out the answer, a helper
+or lecture that copies one).
 Notebooks are shipped without outputs: an output saved from a run on the
 reference shows the reference's answers.
 """
 from __future__ import annotations
 
+import ast
 import io
 import json
 import os
@@ -26,9 +33,11 @@ import shutil
 import subprocess
 import textwrap
 import tokenize
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from autograder.grading.labs import hidden_problems
 from autograder.instructor.sync import BEGIN, END, SKIP, differences, expected_labs
 
 FOLDERS = ("course", "autograder")
@@ -94,10 +103,17 @@ def contents(source: Path) -> dict[str, tuple[bytes, bool]]:
         shown = "\n  ".join(drift[:10]) + ("\n  …" if len(drift) > 10 else "")
         raise ReleaseError(f"labs/ has drifted from solutions/ ({_count(drift, 'file')}):\n  {shown}\n"
                            "run 'k2c sync', review and commit the starters, then release")
+    hidden = hidden_checks(source)
     files: dict[str, tuple[bytes, bool]] = {}
     for folder in FOLDERS:
         for rel, path in _walk(source / folder):
-            files[f"{folder}/{rel.as_posix()}"] = (path.read_bytes(), os.access(path, os.X_OK))
+            if f"{folder}/{rel.as_posix()}" not in hidden:
+                files[f"{folder}/{rel.as_posix()}"] = (path.read_bytes(), os.access(path, os.X_OK))
+    unreleased = references_to_unreleased(source, files)
+    if unreleased:
+        shown = "\n  ".join(unreleased[:10]) + ("\n  …" if len(unreleased) > 10 else "")
+        raise ReleaseError(f"a released check uses a module the release leaves out ({_count(unreleased, 'place')}):"
+                           f"\n  {shown}\nmove what uses it into a hidden check (lab.toml's hidden), then release")
     for rel, data in expected_labs(source / "solutions").items():
         files[f"labs/{rel.as_posix()}"] = (data, False)
     for rel in FILES:
@@ -114,6 +130,61 @@ def contents(source: Path) -> dict[str, tuple[bytes, bool]]:
     files.update({"README.md": (README.encode(), False), "Makefile": (MAKEFILE.encode(), False),
                   ".gitignore": (GITIGNORE.encode(), False)})
     return files
+
+
+# --- hidden checks ---------------------------------------------------------------------------------
+
+
+def hidden_checks(source: Path) -> set[str]:
+    """The released paths (``autograder/checks/NN-slug/name``) of every file a lab's
+    ``lab.toml`` lists as ``hidden``: the checks the student repository leaves out, and
+    the oracles only they use. A list that names no such file, or a ``*_hidden`` file
+    it does not list, refuses the release (it would ship a hidden file)."""
+    found, problems = set(), []
+    for meta in sorted((Path(source) / "autograder" / "checks").glob("*/lab.toml")):
+        try:
+            hidden = tomllib.loads(meta.read_text()).get("hidden", [])
+        except tomllib.TOMLDecodeError as exc:
+            raise ReleaseError(f"{meta} cannot be read: {exc}") from None
+        problems += hidden_problems(meta.parent, hidden)
+        found.update(f"autograder/checks/{meta.parent.name}/{name}" for name in hidden)
+    if problems:
+        raise ReleaseError("the hidden checks are not what lab.toml says:\n  " + "\n  ".join(problems))
+    return found
+
+
+def _names_used(code: str) -> set[str]:
+    """Every module name a file imports (each dotted part) and every string constant in it
+    that could name one (``load_beside(__file__, "oracles")``)."""
+    names = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            names.update(part for alias in node.names for part in alias.name.split("."))
+        elif isinstance(node, ast.ImportFrom):
+            names.update((node.module or "").split("."))
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+            names.add(node.value)
+    return names
+
+
+def references_to_unreleased(source: Path, files: dict[str, tuple[bytes, bool]]) -> list[str]:
+    """``["autograder/checks/NN-slug/check_x.py uses oracles_hidden", ...]``: each released
+    file of a lab's checks that imports or names (as a string, as ``load_beside`` does) a
+    module of that folder the release leaves out. A public check that needs a hidden
+    oracle would fail to load in the student repository, or the oracle would have to ship."""
+    found = []
+    for folder in sorted((Path(source) / "autograder" / "checks").glob("*/")):
+        prefix = f"autograder/checks/{folder.name}/"
+        left_out = {p.stem for p in folder.glob("*.py") if prefix + p.name not in files}
+        for rel, (data, _) in sorted(files.items()):
+            if rel.startswith(prefix) and rel.endswith(".py") and left_out:
+                try:
+                    used = _names_used(data.decode())
+                except (SyntaxError, UnicodeDecodeError):
+                    continue
+                found += [f"{rel} uses {name}, which is not released" for name in sorted(used & left_out)]
+    return found
 
 
 # --- the leak guard -------------------------------------------------------------------------------
@@ -252,7 +323,8 @@ def release(source: Path, target: Path, author: tuple[str, str] = AUTHOR, say=la
 COMMIT_MESSAGE = """Kernels to Clusters: the student repository
 
 Lectures, handouts and starters, the course toolkit and the grader with each
-lab's checks, as written by `k2c release`. Reference solutions are not included.
+lab's public checks, as written by `k2c release`. Reference solutions and the
+hidden checks are not included.
 """
 
 GITIGNORE = """\
@@ -350,5 +422,8 @@ install when something is missing.
 Your code runs in a sandbox, one call at a time, under a time and a memory
 limit, so a hang or a crash costs one check, not the run. The grade that counts
 is the one your instructor's copy of the grader gives: editing `autograder/`
-here changes only what you see.
+here changes only what you see. That copy also runs a few hidden checks, which
+are not in this repository: the same functions on other inputs, against the
+complete reference answers (the public checks give you feedback on every
+function; the student guide lists what each lab's hidden checks test).
 """
