@@ -11,6 +11,7 @@ import pytest
 
 from conftest import REPO, k2c
 
+from autograder.sandbox import isolation
 from autograder.instructor.gradebook import RowStatus, Settings, Unreadable, grade_one, unpack
 
 LAB06 = "06-collectives"
@@ -71,7 +72,8 @@ def test_a_class_gets_a_row_per_student_and_resume_grades_only_what_changed(tmp_
     header = next(csv.reader(open(gradebook)))
     assert header[:5] == ["student", "score", "max", "tier", "status"]
     assert header[-3:] == ["duration_s", "digest", "message"]
-    assert header[5:-3] == ["chunk_bounds", "allreduce_ring_results"]
+    assert header[5:-3] == ["chunk_bounds", "allreduce_ring_results", "isolation", "flags"]
+    assert {rows[name]["isolation"] for name in ("alice", "bob", "dave")} == {isolation.detect().layer.value}
 
     def score(name):
         return float(rows[name]["score"])
@@ -87,7 +89,7 @@ def test_a_class_gets_a_row_per_student_and_resume_grades_only_what_changed(tmp_
     assert not (tmp_path / "outside.py").exists() and not (tmp_path / "class" / "outside.py").exists()
     assert len(rows["alice"]["digest"]) == 64 and rows["alice"]["digest"] == rows["dave"]["digest"]
     # The points per check add up to the score; the forged row is nowhere.
-    checks = header[5:-3]
+    checks = header[5:-5]
     assert sum(float(rows["alice"][c]) for c in checks) == score("alice")
     assert "mallory,100" not in gradebook.read_text() and "mallory,100" not in proc.stdout
     report = json.loads(gradebook.with_suffix(".json").read_text())
