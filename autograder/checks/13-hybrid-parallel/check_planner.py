@@ -250,7 +250,10 @@ def _timed(answer, name):
     if isinstance(cost, dict) and "not_implemented" in cost:
         raise AssertionError(f"search on '{name}' returned a plan, but cost_model is not implemented yet, and the "
                              "check times and sizes the plan with your cost_model: " + cost["not_implemented"])
-    if not isinstance(cost, dict) or "error" in cost:
+    if isinstance(cost, dict) and "hung" in cost:
+        raise AssertionError(f"search on '{name}' returned a plan, and your cost_model of it ran past "
+                             f"{cost['hung']} s: {answer['value']}")
+    if not isinstance(cost, dict) or "value" not in cost:
         raise AssertionError(f"search on '{name}' returned a plan on which your cost_model raised "
                              f"{(cost or {}).get('error')}: {answer['value']}")
     value = cost["value"]

@@ -48,7 +48,7 @@ def planner_answers(queries):
     for model, cluster, budget, limit in queries["search"]:
         answer = _answers(planner.search, [(model, cluster, budget)], limit=limit)
         if isinstance(answer, list) and "value" in answer[0]:
-            cost = _answers(planner.cost_model, [(answer[0]["value"], model, cluster)])
+            cost = _answers(planner.cost_model, [(answer[0]["value"], model, cluster)], limit=limit)
             answer[0]["cost"] = cost if isinstance(cost, dict) else cost[0]
         searches.append(answer)
     return {"cost_model": _answers(planner.cost_model, queries["cost_model"]), "search": searches}
