@@ -30,10 +30,11 @@ _root = os.path.dirname(os.path.dirname(course.__file__))
 exec(open(os.path.join(_root, "solutions", "06-collectives", "collectives.py")).read())
 '''
 BY_GLOB = '''
-import glob
-for _path in glob.glob("/*/*/solutions/06-collectives/collectives.py") + glob.glob("/*/solutions/06-*/collectives.py"):
-    exec(open(_path).read())
-    break
+import glob, os
+_found = [p for top in os.listdir("/") if top not in ("proc", "sys", "dev", "usr") for depth in range(6)
+          for p in glob.glob(f"/{top}" + "/*" * depth + "/solutions/06-collectives/collectives.py")]
+if _found:
+    exec(open(_found[0]).read())
 '''
 # Lab 13's planner, taken from the grader's hidden oracle (its search) by path.
 ORACLE = '''

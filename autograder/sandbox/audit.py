@@ -26,7 +26,7 @@ import json
 import os
 import sys
 
-MAX_FLAGS = 100  # per process; then one "and more" line
+MAX_FLAGS = 50  # of each kind and verb, per process; then one "and more" line
 END_EVENT = "k2c.audit.end"
 
 
@@ -81,7 +81,7 @@ def install(fd: int, submission: str, allowed: list[str], denied: list[str], end
     allowed = tuple(os.path.realpath(p) for p in allowed if p) + (submission,)
     denied = tuple(os.path.realpath(p) for p in denied if p)
     library = (_stdlib("importlib"), _stdlib("runpy.py"), _stdlib("ctypes"))
-    state = {"pid": os.getpid(), "seq": 0, "seen": set(), "busy": False, "broken": False}
+    state = {"pid": os.getpid(), "seq": 0, "seen": set(), "counts": {}, "busy": False, "broken": False}
     toolkit = _snapshot()
 
     def write(kind: str, detail: str) -> None:
@@ -89,7 +89,7 @@ def install(fd: int, submission: str, allowed: list[str], denied: list[str], end
             return
         pid = os.getpid()
         if pid != state["pid"]:  # a fork: its own sequence, its own flags
-            state.update(pid=pid, seq=0, seen=set())
+            state.update(pid=pid, seq=0, seen=set(), counts={})
         state["seq"] += 1
         line = f"{nonce} {pid} {state['seq']} " + json.dumps([kind, detail[:300]]) + "\n"
         try:
@@ -105,9 +105,11 @@ def install(fd: int, submission: str, allowed: list[str], denied: list[str], end
         if key in state["seen"]:
             return
         state["seen"].add(key)
-        if len(state["seen"]) > MAX_FLAGS:
-            if len(state["seen"]) == MAX_FLAGS + 1:
-                write(kind.value, "… and more flags, not recorded")
+        what = (kind, detail.split(" ", 1)[0])  # "listed", "opened", "imported"...
+        count = state["counts"][what] = state["counts"].get(what, 0) + 1
+        if count > MAX_FLAGS:  # per kind and verb, so that a flood of one (a glob's listings) hides no other
+            if count == MAX_FLAGS + 1:
+                write(kind.value, "… and more of this kind, not recorded")
             return
         write(kind.value, detail)
 
