@@ -15,6 +15,7 @@ whatever reason, every process it started is gone before it returns.
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import resource
 import secrets
@@ -29,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 
 from autograder.sandbox import audit, codec, isolation
-from autograder.sandbox.child import REPLY, REQUEST
+from autograder.sandbox.child import READS_ENV, REPLY, REQUEST
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MEMORY_SCAN_MAX_S = 0.25  # the longest wait between two sums of a call's resident memory
@@ -259,6 +260,7 @@ class Sandbox:
         child_env["PYTHONDONTWRITEBYTECODE"] = "1"
         # Marks every process of this sandbox, for the last sweep in close().
         child_env["K2C_CALL"] = self._marker = secrets.token_hex(8)
+        child_env[READS_ENV] = json.dumps([isolation.needed_paths(), isolation.hidden_paths()])
         # The server must import the grader's own packages even when they are not installed.
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [isolation.PACKAGE_ROOT, child_env.get("PYTHONPATH")]))
         # -P: no folder the student can write (the scratch folder it starts in) on its sys.path; -s: nor theirs.
