@@ -66,13 +66,18 @@ def lse_problem(q, k, causal, lse, what, tolerance=1e-9):
         scores = np.where(np.triu(np.ones(scores.shape[-2:], dtype=bool), 1), -np.inf, scores)
     with np.errstate(over="ignore", invalid="ignore"):
         total = np.exp(scores - found[..., None]).sum(axis=-1)
-    wrong = np.argwhere(~(np.abs(total - 1) <= tolerance))
-    if len(wrong):
-        at = tuple(int(i) for i in wrong[0])
+    at, count = _first_not_one(total, tolerance)
+    if count:
         return (f"{what}{list(at)} = {found[at]!r}: the sum over the keys of exp(score - lse) is {total[at]:.12g}, "
-                f"not 1 ({len(wrong)} of {total.size} rows; lse is log of the sum of exp(score) over the keys the "
+                f"not 1 ({count} of {total.size} rows; lse is log of the sum of exp(score) over the keys the "
                 "row sees, scores q·k / sqrt(d))")
     return None
+
+
+def _first_not_one(total, tolerance):
+    """The index of the first entry of ``total`` farther than ``tolerance`` from 1 (NaN included), and how many are."""
+    wrong = np.argwhere(~(np.abs(total - 1) <= tolerance))
+    return (tuple(int(i) for i in wrong[0]) if len(wrong) else None), len(wrong)
 
 
 def merge_problem(out_a, lse_a, out_b, lse_b, out, lse, what, rtol, atol, tolerance=1e-9):
@@ -89,11 +94,10 @@ def merge_problem(out_a, lse_a, out_b, lse_b, out, lse, what, rtol, atol, tolera
     with np.errstate(over="ignore", invalid="ignore"):
         weight_a, weight_b = np.exp(lse_a - found_lse), np.exp(lse_b - found_lse)
     total = weight_a + weight_b
-    wrong = np.argwhere(~(np.abs(total - 1) <= tolerance))
-    if len(wrong):
-        at = tuple(int(i) for i in wrong[0])
+    at, count = _first_not_one(total, tolerance)
+    if count:
         return (f"{what}: lse{list(at)} = {found_lse[at]!r} for lse_a = {lse_a[at]!r}, lse_b = {lse_b[at]!r}: "
-                f"exp(lse_a - lse) + exp(lse_b - lse) is {total[at]:.12g}, not 1 ({len(wrong)} of {total.size}; "
+                f"exp(lse_a - lse) + exp(lse_b - lse) is {total[at]:.12g}, not 1 ({count} of {total.size}; "
                 "the merged lse is the log-sum-exp over both blocks' keys)")
     try:
         expect_array(found_out, weight_a[..., None] * out_a + weight_b[..., None] * out_b, f"{what}: out",
