@@ -67,12 +67,13 @@ IDLE_CPU_S = 0.1  # less CPU than this over the last idle_timeout seconds, summe
 
 
 def run(target, n: int, *args, timeout: float = 60, backend: str = "auto", idle_timeout: float | None = None,
-        **kwargs) -> Job:
-    """Call ``target(*args, **kwargs)`` on ``n`` processes; see the module docstring."""
+        count_wire: bool = False, **kwargs) -> Job:
+    """Call ``target(*args, **kwargs)`` on ``n`` processes; see the module docstring.
+    ``count_wire``: ``job.wire`` is what crossed between the ranks (see ``_Wire``)."""
     if n < 1:
         raise ValueError(f"need at least one process, got n={n}")
     request = {"target": target_name(target), "args": args, "kwargs": kwargs, "backend": backend,
-               "timeout": timeout}
+               "timeout": timeout, "count_wire": count_wire}
     with tempfile.TemporaryDirectory(prefix="k2c-dist-") as folder:
         # Launcher and workers run the same code on the caller's behalf, so pickle
         # is fine between them; the grader itself never unpickles (see autograder.sandbox.codec).
@@ -92,8 +93,9 @@ def run(target, n: int, *args, timeout: float = 60, backend: str = "auto", idle_
                 forker = subprocess.Popen([sys.executable, "-m", "course.dist", folder, str(n)], env=env,
                                           stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                           start_new_session=True)
+            wire = _Wire(Path(folder), n) if count_wire else None
             try:
-                stopped, codes = _wait(forker, Path(folder), n, start + timeout, idle_timeout)
+                stopped, codes = _wait(forker, Path(folder), n, start + timeout, idle_timeout, wire)
             finally:
                 # Freeze every rank first: one that sees a peer die would report that as its own error.
                 try:
@@ -108,6 +110,7 @@ def run(target, n: int, *args, timeout: float = 60, backend: str = "auto", idle_
         job.killed = {rank: _signal_name(-code) for rank, code in enumerate(codes)
                       if code is not None and code < 0 and rank not in job.finished}
         job.output = log.read_bytes()[-4000:].decode(errors="replace")
+        job.wire = wire.as_dict() if wire else None
     return job.settle(stopped is not None, clean_exit=all(code == 0 for code in codes))
 
 
@@ -289,20 +292,84 @@ def _exit_codes(folder: Path, n: int) -> list:
     return codes
 
 
-def _wait(forker, folder: Path, n: int, deadline, idle_timeout=None) -> tuple[str | None, list]:
+class _Wire:
+    """What crossed between a job's ranks, counted by the launcher, which runs none of
+    their code, from the kernel's per-connection counters (``course.wire``): every
+    TCP connection the job opened. It samples while the job runs, at every
+    ``mark`` the ranks make together (so a harness can count each case of a job on
+    its own), and once more when every rank has replied; the ranks wait for that
+    last count (the file ``counted``) before they leave, which closes their
+    connections."""
+
+    def __init__(self, folder: Path, n: int):
+        from course import wire
+
+        self.folder, self.n, self.why_not = folder, n, wire.available()
+        self.seen = None if self.why_not else wire.Connections()
+        self.marks = []  # (name, bytes sent by then)
+        self.counted = False
+        self.sample()  # what was there before the job is not the job's
+
+    def sample(self) -> None:
+        if self.seen is None or self.counted:
+            return
+        self.seen.sample()
+        seq = len(self.marks)
+        if all((self.folder / f"mark-{rank}-{seq}").exists() for rank in range(self.n)):
+            self.seen.sample()
+            name = (self.folder / f"mark-0-{seq}").read_text()
+            self.marks.append((name, self.seen.bytes_sent()))
+            (self.folder / f"marked-{seq}").write_text("")
+        if all((self.folder / f"rank-{rank}.pkl").exists() for rank in range(self.n)):
+            self.seen.sample()
+            self.counted = True
+            (self.folder / "counted").write_text("")
+
+    def as_dict(self) -> dict:
+        if self.seen is None:
+            return {"unavailable": self.why_not}
+        return {**self.seen.as_dict(), "marks": self.marks, "complete": self.counted}
+
+
+def mark(name: str, timeout: float = 30) -> None:
+    """On every rank of a ``run(..., count_wire=True)`` job, together: the launcher
+    notes how many bytes have crossed so far under ``name`` (``job.wire["marks"]``),
+    and every rank waits until it has. Elsewhere (no count asked for) a no-op."""
+    folder = os.environ.get("K2C_DIST_WIRE")
+    if not folder:
+        return
+    seq = _marks_made[0]
+    _marks_made[0] += 1
+    rank = os.environ["RANK"]
+    path = Path(folder) / f"mark-{rank}-{seq}"
+    path.with_suffix(".tmp").write_text(name)
+    path.with_suffix(".tmp").rename(path)
+    waited = time.monotonic() + timeout
+    while not (Path(folder) / f"marked-{seq}").exists():
+        if time.monotonic() > waited:
+            raise RuntimeError(f"course.dist.mark({name!r}): the launcher did not count within {timeout:g} s")
+        time.sleep(0.001)
+
+
+_marks_made = [0]
+
+
+def _wait(forker, folder: Path, n: int, deadline, idle_timeout=None, wire=None) -> tuple[str | None, list]:
     """Wait until every rank exits, one fails, the forker dies, the deadline
     passes ("timeout") or the job idles for ``idle_timeout`` s ("idle"); return
     (None or why it was stopped, each rank's exit code or None) at that moment."""
     codes = [None] * n
     samples = []  # (time, CPU ticks per process of the job), every half second
     while time.monotonic() < deadline:
+        if wire is not None:
+            wire.sample()
         gone = forker.poll() is not None
         codes = _exit_codes(folder, n)
         if gone or all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
             return None, codes
         if idle_timeout and _idled(samples, forker.pid, idle_timeout):
             return "idle", codes
-        time.sleep(0.02)
+        time.sleep(0.003 if wire is not None else 0.02)  # a mark waits for the next sample
     return "timeout", codes
 
 
@@ -413,9 +480,11 @@ def _worker_main(folder: str, rank: int, n: int) -> None:
     import torch.distributed as tdist
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
+    request = pickle.loads((Path(folder) / "request.pkl").read_bytes())
+    if request.get("count_wire"):
+        os.environ["K2C_DIST_WIRE"] = folder  # for mark()
     if "numpy.random" in sys.modules:  # as unrelated as in processes of their own
         sys.modules["numpy.random"].seed()
-    request = pickle.loads((Path(folder) / "request.pkl").read_bytes())
     # gloo's own timeout comes after the launcher's, which then reports the hang as such.
     timeout = datetime.timedelta(seconds=request["timeout"] + 60)
     torch.set_num_threads(1)  # several workers share few cores
@@ -439,6 +508,10 @@ def _worker_main(folder: str, rank: int, n: int) -> None:
     sys.stderr.flush()
     if not ok:
         os._exit(1)  # the launcher sees it and stops the others
+    if request.get("count_wire"):  # the launcher's last count, before any connection closes
+        waited = time.monotonic() + 30
+        while not (Path(folder) / "counted").exists() and time.monotonic() < waited:
+            time.sleep(0.002)
     # Leave together (a message still in flight to a slower rank is not cut off),
     # and rank 0, which hosts the store, last.
     _store_barrier(store, "done", n)

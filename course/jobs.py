@@ -45,6 +45,7 @@ class Job:
     kind: str = "MPI"
     killed: dict = field(default_factory=dict)  # rank -> signal name, for ranks a signal ended (torch jobs)
     idle_s: float = 0.0  # > 0: stopped early, its processes idle this long (course.dist's idle_timeout)
+    wire: dict | None = None  # what crossed between the ranks, as the kernel counted it (course.wire)
 
     @property
     def ok(self) -> bool:

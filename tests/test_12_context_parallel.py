@@ -140,3 +140,18 @@ def test_a_ring_that_deadlocks_costs_its_cases_only_and_leaves_no_process(make_s
     assert elapsed < 45, elapsed  # one idle stop, not a job timeout per case
     time.sleep(0.5)
     assert our_processes() == []
+
+
+def test_traffic_the_op_log_never_saw_is_counted_and_flagged(tmp_path):
+    # The op log switched off from inside (the shortcut of buggy_12) does not hide what crossed:
+    # the launcher's kernel count fails the volume check and flags the difference for the instructor.
+    from conftest import build_submission, grade_json
+    from fixtures.buggy_12 import BUGS
+
+    bug = next(b for b in BUGS if b.name.startswith("ring all-gathers q, k, v with the op log off"))
+    submission = build_submission(tmp_path / LAB, LAB, bug.file, bug.edits)
+    report, _ = grade_json(submission, LAB, "-k", "sends")
+    (check,) = report["tests"]
+    assert check["status"] == "failed" and "bytes crossed between the ranks" in check["feedback"]
+    kinds = {flag["kind"] for flag in report["flags"]}
+    assert {"unlogged", "private"} <= kinds, report["flags"]

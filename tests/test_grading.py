@@ -5,7 +5,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from conftest import REPO, WholeLab, fixture_params, grade_json, k2c, statuses
+from conftest import DOING_NOTHING, REPO, WholeLab, fixture_params, grade_json, k2c, statuses
 
 LABS = sorted(p.parent.name for p in (REPO / "autograder" / "checks").glob("*/lab.toml"))
 
@@ -35,6 +35,16 @@ def test_starter_scores_zero_with_clear_messages(lab, graded_fixture):
                if not (t["status"] == "failed" and t["feedback"].startswith("not implemented yet"))
                and not (t["status"] == "skipped" and "GPU tier" in t["feedback"])}
     assert not unclear, unclear
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lab", whole_labs(DOING_NOTHING))
+def test_doing_nothing_scores_zero(lab, graded_fixture):
+    # No property without the work: stubs that return None (kernels that do nothing) run, race with
+    # nothing, send nothing and hold nothing, and still earn no point (autograder.grading.checking.with_the_work).
+    report = graded_fixture(lab)
+    earned = {t["name"]: t["feedback"][:200] for t in report["tests"] if t["points"]}
+    assert report["tests"] and report["score"] == 0 and not earned, earned
 
 
 def test_grade_all_prints_a_scoreboard_of_the_labs_that_have_a_matching_check(tmp_path):

@@ -149,6 +149,20 @@ def require_compiles(submission, module_name: str, signatures: dict, kernel: str
 SIMULATOR_NOTE = "The simulator runs kernels as Python, so it worked there; a GPU would refuse it"
 
 
+def with_the_work(claim: str, answer_is_right) -> None:
+    """No property without the work. A check of what code never does (a race,
+    a tensor too large, a message too many) holds vacuously for code that does
+    nothing, so it awards its points only when the same call also returned the
+    right answer: ``answer_is_right()`` asserts that answer (``expect_array``, an
+    oracle's comparison), and its failure fails the check with ``claim`` named.
+    A stub's ``NotImplementedError`` passes through, as "not implemented yet"."""
+    try:
+        answer_is_right()
+    except AssertionError as exc:
+        raise AssertionError(f"not credited: {claim} counts only for a call that also returns the right answer, "
+                             f"and this one did not: {exc}") from None
+
+
 def compile_failure(compiled: dict, name: str, note: str = SIMULATOR_NOTE) -> str:
     """Why kernel ``name`` does not compile for a GPU (``compile_kernels``' answer);
     "" when it does, is still a stub, or this machine cannot compile."""

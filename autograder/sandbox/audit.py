@@ -40,6 +40,7 @@ class Flag(str, enum.Enum):
     TOOLKIT = "toolkit"  # changed sys.modules entries or attributes of the course toolkit
     INTROSPECTION = "introspection"  # gc's object lists, tracing or frames: the ways to the grader's objects
     CHANNEL = "channel"  # the channel that carries these records was broken or tampered with
+    UNLOGGED = "unlogged"  # far more crossed between ranks (the kernel's count) than the op log saw
 
 
 DESCRIPTION = {
@@ -51,6 +52,7 @@ DESCRIPTION = {
     Flag.TOOLKIT: "changed the course toolkit's modules",
     Flag.INTROSPECTION: "searched the interpreter for other code's objects (gc, tracing, frames)",
     Flag.CHANNEL: "the channel that records these flags was broken or tampered with",
+    Flag.UNLOGGED: "sent far more between ranks than the in-process op log saw (the log switched off or gone around)",
 }
 
 # Names whose use is flagged wherever it is made.

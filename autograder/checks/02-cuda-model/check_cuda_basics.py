@@ -9,7 +9,8 @@ import functools
 import numpy as np
 import pytest
 
-from autograder.grading.checking import by_tier, compiled_kernels, expect_array, expect_compiled, require_compiles
+from autograder.grading.checking import (by_tier, compiled_kernels, expect_array, expect_compiled, require_compiles,
+                                         with_the_work)
 
 SEED = 2026
 BANDWIDTH_RATIO_TO_PASS = 0.6  # saxpy's effective bandwidth / device copy bandwidth
@@ -38,6 +39,23 @@ def _require_compiles(submission, kernel):
 def check_compiles_for_a_gpu(submission, kernel, metrics):
     """compiles for sm_80 and sm_90 with numba's CUDA compiler (registers and shared memory from ptxas)"""
     expect_compiled(compiled_kernels(submission, "cuda_basics", SIGNATURES, kernel), kernel, metrics)
+    # A kernel that does nothing compiles too: the points need it to compute something right as well
+    # (its own checks say how well).
+    with_the_work(f"compiling {kernel}", lambda: _computes_something(submission, kernel))
+
+
+def _computes_something(submission, kernel):
+    """Some element of the kernel's plainest launch (in the simulator) is right."""
+    x, y = _floats(256, SEED + 6), _floats(256, SEED + 7)
+    launch, want = {"relu_kernel": (("relu_1d", x, 128), np.maximum(x, 0)),
+                    "saxpy_kernel": (("saxpy_1d", 2.5, x, y, 128), np.float32(2.5) * x + y),
+                    "broadcast_add_kernel": (("broadcast_add_2d", x[:16], y[:16], (16, 16)),
+                                             x[:16, None] + y[None, :16])}[kernel]
+    result = submission.in_simulator().harness(*launch)
+    buffer = np.asarray(result["buffer"])
+    got = buffer[:want.shape[0], :want.shape[1]] if want.ndim == 2 else buffer[:want.size]
+    assert result["launch_error"] is None and np.isclose(got, want, rtol=1e-5).any(), (
+        f"{kernel} wrote no right element of its output (a kernel that computes nothing compiles too)")
 
 
 def _expect_launch(result, n_or_shape, want, what):

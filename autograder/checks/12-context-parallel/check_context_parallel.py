@@ -32,7 +32,9 @@ import math
 import numpy as np
 import pytest
 
-from autograder.grading.checking import expect_array, load_beside
+from autograder.grading.checking import expect_array, load_beside, with_the_work
+from autograder.grading.traffic import expect_crossed
+from course.wire import gloo_bytes
 from autograder.grading.submission import failure_from, not_implemented_yet
 
 oracles = load_beside(__file__, "oracles")
@@ -149,6 +151,7 @@ def check_blockwise_attention(submission):
 @pytest.mark.points(1)
 def check_blockwise_attention_never_makes_the_full_score_matrix(submission):
     """blockwise_attention with blocks of 1, 3 and 4 never makes a tensor as large as the full score matrix"""
+    with_the_work("never making the full score matrix", lambda: check_blockwise_attention(submission))
     b, h, s, d = BLOCKWISE_SHAPE
     for query, answer in _answers(submission, "blockwise_attention"):
         if query["block"] >= s:
@@ -315,9 +318,14 @@ def check_ring_attention_huge_logits(submission):
 
 @pytest.mark.points(1)
 def check_ring_sends_P_minus_1_blocks(submission):
-    """forward, each rank sends and receives P-1 K/V blocks, one at a time, and makes no collective"""
+    """forward, P-1 K/V blocks per rank cross between the ranks (the kernel's count), one at a time, and no collective"""
+    with_the_work("the ring's traffic", lambda: _expect_attention(submission, ["ring"]))
     for P, (case, outcome) in _case(submission, "ring").items():
         block = case["k"][..., :S // P, :].size  # one rank's K (or V)
+        where = f"ring_attention on {P} ranks, forward"
+        logged = sum(sum(record["forward"]["send"]) for record in outcome["ranks"]) * 8
+        expect_crossed(submission, outcome["wire"], "forward", gloo_bytes("send", P * (P - 1) * 2 * block * 8, P),
+                       P * (P - 1) * 2, where, f"P-1 = {P - 1} K/V blocks of {2 * block} float64 per rank", logged)
         for rank, record in enumerate(outcome["ranks"]):
             moved = record["forward"]
             collectives = {k: len(v) for k, v in moved.items() if v and k not in ("send", "recv")}
@@ -348,6 +356,7 @@ def check_ring_overlaps_transfers_with_compute(submission):
 @pytest.mark.points(1)
 def check_no_rank_holds_the_whole_k_or_v(submission):
     """on 4 ranks, neither ring nor Ulysses attention makes a tensor of the head dimension as large as the whole K"""
+    with_the_work("holding only a shard", lambda: _expect_attention(submission, ["ring", "ulysses"]))
     for name in ("ring", "ulysses"):
         for P, (case, outcome) in _case(submission, name, sizes=(4,)).items():
             whole = case["k"].size
@@ -395,8 +404,14 @@ def check_ulysses_attention_gradients(submission):
 @pytest.mark.points(1)
 def check_ulysses_makes_two_all_to_alls_each_way(submission):
     """Ulysses makes exactly 2 all-to-alls forward (q, k, v stacked, then the output) and 2 backward, and nothing else"""
+    with_the_work("Ulysses' traffic", lambda: _expect_attention(submission, ["ulysses"], grads=True))
     for P, (case, outcome) in _case(submission, "ulysses").items():
         shard = case["q"][..., :S // P, :].size
+        for phase in ("forward", "backward"):
+            where = f"ulysses_attention on {P} ranks, {phase}"
+            logged = sum((P - 1) * sum(r[phase]["all_to_all"]) for r in outcome["ranks"]) // P * 8
+            expect_crossed(submission, outcome["wire"], phase, gloo_bytes("all_to_all", 4 * shard * 8, P), 2 * P * P,
+                           where, f"two all-to-alls of {3 * shard} and {shard} float64 per rank", logged)
         for rank, record in enumerate(outcome["ranks"]):
             for phase in ("forward", "backward"):
                 moved = record[phase]

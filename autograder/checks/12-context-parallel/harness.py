@@ -11,7 +11,8 @@ call. ``blockwise_attention`` runs under ``course.torch_audit.OpLog``, which
 reports the largest tensor it made.
 
 ``cases_job(P, cases)`` runs every ring and Ulysses case on P ranks in one
-``course.dist`` job. Each rank takes its shard of the whole q, k, v and upstream
+``course.dist`` job, whose launcher counts the bytes that crossed between the
+ranks in each case's forward and backward (``count_wire``, ``course.dist.mark``). Each rank takes its shard of the whole q, k, v and upstream
 gradient (the positions the case gives it: contiguous, or for causal ring
 attention the documented zigzag layout), runs the student's function forward and backward under
 ``OpLog`` (the messages, all-to-alls, waits and compute of each phase, and the
@@ -21,6 +22,7 @@ output and gradients. A rank writes a file per case as soon as it is done
 run (``run_cases``' ``after_hang``): they use the same code and would hang as long.
 """
 from autograder.grading.checking import rank_records, run_cases, save_record
+from autograder.grading.traffic import crossed_in_phases
 from course import dist as launcher
 
 JOB_TIMEOUT_S = 30  # a correct job of 4 processes takes a few seconds; a deadlock ends sooner, when the job idles
@@ -116,7 +118,9 @@ def _events(log, phase):
                                                          "broadcast", "reduce_scatter", "scatter", "gather")}
 
 
-def _run_case(student, case, rank, P):
+def _run_case(student, case, rank, P, mark):
+    """A rank's record of one case; ``mark(phase)`` after the forward and after the
+    backward, on every rank alike, counts what crossed in each (``course.dist.mark``)."""
     import torch
 
     from course.torch_audit import OpLog
@@ -124,31 +128,42 @@ def _run_case(student, case, rank, P):
     function = {"ring": student.ring_attention, "ulysses": student.ulysses_attention}[case["function"]]
     causal = case["causal"]
     if "local_len" in case:  # a shard the function must refuse
-        b, h, _, d = case["shape"]
-        x = torch.zeros(b, h, case["local_len"], d)
-        try:
-            function(x.clone(), x.clone(), x.clone(), causal=causal)
-        except ValueError as exc:
-            return {"raised": True, "message": str(exc)[:300]}
-        except NotImplementedError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - reported: the wrong error
-            return {"raised": False, "message": f"{type(exc).__name__}: {exc}"[:300]}
-        return {"raised": False, "message": ""}
+        record = _refusal(function, case, causal)
+        mark("forward")
+        mark("backward")
+        return record
     mine = list(case["positions"][rank])
     q, k, v = (_torch(case[name][..., mine, :]).requires_grad_() for name in ("q", "k", "v"))
     upstream = _torch(case["upstream"][..., mine, :])
     with OpLog(last_dim=q.shape[-1]) as log:
         with log.phase("forward"):
             out = function(q, k, v, causal=causal)
+        mark("forward")
         record = {"out": _np(out)}
         if isinstance(out, torch.Tensor) and out.shape == upstream.shape and out.requires_grad:
             with log.phase("backward"):
                 out.backward(upstream)
+        mark("backward")
     record.update({"dq": _np(q.grad), "dk": _np(k.grad), "dv": _np(v.grad), "positions": mine,
                    "forward": _events(log, "forward"), "backward": _events(log, "backward"),
                    "overlap": list(log.overlapped_transfers("forward")), "largest": list(log.largest[1])})
     return record
+
+
+def _refusal(function, case, causal):
+    """Whether ``function`` raised ValueError for a shard it must refuse."""
+    import torch
+    b, h, _, d = case["shape"]
+    x = torch.zeros(b, h, case["local_len"], d)
+    try:
+        function(x.clone(), x.clone(), x.clone(), causal=causal)
+    except ValueError as exc:
+        return {"raised": True, "message": str(exc)[:300]}
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - reported: the wrong error
+        return {"raised": False, "message": f"{type(exc).__name__}: {exc}"[:300]}
+    return {"raised": False, "message": ""}
 
 
 def rank_side(names, cases, P_expected, folder):
@@ -162,8 +177,9 @@ def rank_side(names, cases, P_expected, folder):
     rank, P = tdist.get_rank(), tdist.get_world_size()
     assert P == P_expected
     for name in names:
+        launcher.mark(f"{name}:start")
         try:
-            record = _run_case(student, cases[name], rank, P)
+            record = _run_case(student, cases[name], rank, P, lambda phase: launcher.mark(f"{name}:{phase}"))
             record["status"] = "ok"
         except NotImplementedError as exc:  # a stub raises on every rank alike
             record = {"status": "not_implemented", "message": str(exc)}
@@ -174,14 +190,21 @@ def rank_side(names, cases, P_expected, folder):
 
 def cases_job(P, cases, job_timeout=JOB_TIMEOUT_S):
     """{case name: outcome} on ``P`` ranks for ``cases`` ({name: case}); see the module docstring."""
+    jobs = []
+
     def start(pending, folder):  # gloo on both tiers: the tensors are tiny and live on the CPU
-        return launcher.run(f"{__file__}:rank_side", P, list(pending), {n: cases[n] for n in pending}, P, folder,
-                            timeout=job_timeout, backend="gloo", idle_timeout=launcher.IDLE_TIMEOUT_S)
+        jobs.append(launcher.run(f"{__file__}:rank_side", P, list(pending), {n: cases[n] for n in pending}, P, folder,
+                                 timeout=job_timeout, backend="gloo", idle_timeout=launcher.IDLE_TIMEOUT_S,
+                                 count_wire=True))
+        return jobs[-1]
 
     def after_hang(name, pending):  # the same function would hang again, a timeout each
         return [n for n in pending if cases[n]["function"] == cases[name]["function"]]
 
-    return run_cases(start, list(cases), P, rank_records, after_hang=after_hang)
+    outcomes = run_cases(start, list(cases), P, rank_records, after_hang=after_hang)
+    for name, outcome in outcomes.items():
+        outcome["wire"] = crossed_in_phases(jobs, name, ("forward", "backward"))
+    return outcomes
 
 
 # --- the GPU tier ------------------------------------------------------------------------------

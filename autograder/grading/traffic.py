@@ -1,0 +1,63 @@
+"""Volume checks on what crossed between ranks, as the kernel counted it.
+
+A harness runs its job with ``course.dist.run(..., count_wire=True)`` and calls
+``course.dist.mark(f"{case}:{phase}")`` on every rank after each phase (and
+``f"{case}:start"`` before it); the launcher, which runs none of the student's
+code, notes the bytes that had crossed by each mark (``course.wire``). A check
+compares one phase's bytes with the closed form of the pattern the lab asks for
+(``course.wire.gloo_bytes``), so an op log switched off from inside, or data sent
+around it, changes nothing. Where the in-process op log saw much less than
+crossed, the instructor gets the flag ``unlogged`` (``autograder.sandbox.audit.Flag``).
+
+The kernel counts the payload of every message, gloo's own small headers too:
+``HEADER_BYTES`` per message, which a tolerance allows for.
+"""
+from __future__ import annotations
+
+import pytest
+
+HEADER_BYTES = 320  # gloo's header and the job's own marks, per message sent: measured at most ~300
+UNLOGGED_RATIO = 1.5  # crossed more than this times what the op log saw (plus headers): flagged
+
+
+def crossed_in_phases(jobs, case: str, phases) -> dict:
+    """``{phase: bytes}`` that crossed in each phase of ``case`` in the jobs that ran it
+    (``job.wire["marks"]``), or ``{"unavailable": why}``; a phase some job never
+    reached is left out."""
+    for job in jobs:
+        wire = job.wire or {}
+        if "unavailable" in wire:
+            return {"unavailable": wire["unavailable"]}
+        marks = dict((name, count) for name, count in wire.get("marks", []))
+        if f"{case}:start" in marks:
+            found, before = {}, marks[f"{case}:start"]
+            for phase in phases:
+                if f"{case}:{phase}" not in marks:
+                    break
+                found[phase] = marks[f"{case}:{phase}"] - before
+                before = marks[f"{case}:{phase}"]
+            return found
+    return {}
+
+
+def expect_crossed(submission, wire: dict, phase: str, want: int, messages: int, what: str, pattern: str,
+                   logged: int | None = None) -> int:
+    """Assert that the bytes that crossed in ``phase`` are those of ``pattern``: at least
+    ``want`` and at most ``want`` plus ``messages`` headers. With ``logged``, the bytes
+    the in-process op log saw, a phase in which far more crossed is flagged for the
+    instructor (the log was switched off or gone around), pass or fail. Skips, with
+    the reason, where the kernel's counters cannot be read."""
+    if "unavailable" in wire:
+        pytest.skip(f"cannot count what crosses between ranks here: {wire['unavailable']}")
+    if phase not in wire:
+        raise AssertionError(f"{what}: no count of what crossed (the job ended before the {phase} did)")
+    crossed, most = wire[phase], want + messages * HEADER_BYTES
+    if logged is not None and crossed > UNLOGGED_RATIO * logged + messages * HEADER_BYTES:
+        submission.flags.append(("unlogged", f"{what}: {crossed} bytes crossed between the ranks, the op log "
+                                             f"saw {logged}"))
+    if not want <= crossed <= most:
+        raise AssertionError(
+            f"{what}: {crossed} bytes crossed between the ranks (the kernel's count), expected {want} for {pattern}"
+            + (f" (up to {most} with message headers)" if crossed > want else "")
+            + ("; fewer means part of the data travelled some other way, or never" if crossed < want else ""))
+    return crossed
