@@ -30,6 +30,8 @@ import numpy as np
 import pytest
 
 from autograder.grading.submission import failure_from, not_implemented_yet
+from autograder.grading.traffic import expect_crossed
+from course.wire import gloo_bytes
 
 WORLDS = (2, 4)
 STEPS = 3
@@ -168,6 +170,7 @@ def check_naive_one_all_reduce_per_parameter(submission):
                 assert len(_all_reduces(events)) == n_params and len(calls) == n_params, (
                     f"{name} on {world} processes, rank {rank}, step {step}: expected {n_params} all_reduce calls "
                     f"(one per parameter), recorded {_summary(calls)}")
+        _expect_gradient_traffic(submission, world, name, outcome, n_params)
 
 
 @pytest.mark.points(2)
@@ -182,6 +185,7 @@ def check_bucketed_one_all_reduce_per_bucket(submission):
                     f"{name} on {world} processes, rank {rank}, step {step}: parameters of "
                     f"{outcome['param_bytes']} bytes make {want} bucket(s) under the lab's rule, so {want} "
                     f"all_reduce call(s); recorded {_summary(calls)}")
+        _expect_gradient_traffic(submission, world, name, outcome, want)
 
 
 @pytest.mark.points(2)
@@ -229,6 +233,21 @@ def check_accumulation_communicates_once_per_step(submission):
                 assert len(_all_reduces(micro[-1])) == want and len(last) == want, (
                     f"{name} on {world} processes, rank {rank}, step {step}: the last micro-batch should "
                     f"all-reduce the accumulated gradients once per bucket ({want}); recorded {_summary(last)}")
+        _expect_gradient_traffic(submission, world, name, outcome, want)
+
+
+def _expect_gradient_traffic(submission, world, name, outcome, collectives_per_step):
+    """What crossed in the steps (the kernel's count) is one ring all-reduce of every
+    trained gradient per step: 2(P-1)/P of their bytes sent by each rank."""
+    gradients = sum(outcome["param_bytes"])
+    want = STEPS * gloo_bytes("all_reduce", gradients, world)
+    # The recorder counts calls, not bytes: the share of the expected all-reduces it saw stands for its bytes.
+    seen = sum(len(_all_reduces(events)) for record in outcome["ranks"] for micro in record["steps"]
+               for events in micro)
+    expect_crossed(submission, outcome["wire"], "steps", want, STEPS * collectives_per_step * 2 * (world - 1) * world,
+                   f"{name} on {world} processes, {STEPS} steps",
+                   f"an all-reduce of the {gradients} bytes of gradients per step",
+                   logged=want * min(1.0, seen / (STEPS * collectives_per_step * world)))
 
 
 def _summary(calls):

@@ -53,6 +53,7 @@ import inspect
 import numpy as np
 
 from autograder.grading.checking import run_cases, save_record
+from autograder.grading.traffic import crossed_in_phases
 from course import dist
 
 SEED = 808
@@ -213,6 +214,7 @@ def run_case(student, record, kind, cap, model=None):
                   param_names=[name for name, _ in trained])
     wrapped = student.NaiveDDP(module) if kind == "naive" else student.BucketedDDP(module, bucket_cap_mb=cap)
     record["initial_errors"] = _differences(module, dict(make_model(SEED, model).named_parameters()))
+    dist.mark(f"{case_name(kind, cap, model)}:start")  # what the steps send, counted by the launcher
     opt = _optimizer(module.parameters())
     steps = []
     for step in range(STEPS):
@@ -238,6 +240,7 @@ def run_case(student, record, kind, cap, model=None):
         opt.zero_grad()
         steps.append(micro_records)
     EVENTS.clear()
+    dist.mark(f"{case_name(kind, cap, model)}:steps")
     record["steps"] = steps
     record["final_errors"] = _differences(module, oracle_parameters(world, micro_batches, model))
 
@@ -266,10 +269,18 @@ def rank_side(cases, folder):
 
 def ddp_job(world, timeout=JOB_TIMEOUT_S):
     """{case name: {"status": ..., per-rank records or a message}} for ``world`` processes."""
-    start = lambda pending, folder: dist.run(f"{__file__}:rank_side", world, pending, folder, timeout=timeout,
-                                             backend="gloo", idle_timeout=dist.IDLE_TIMEOUT_S)
-    return run_cases(start, list(enumerate(CASES)), world, _merge, stem=lambda case: case[0],
-                     name=lambda case: case_name(*case[1]), after_hang=_same_wrapper)
+    jobs = []
+
+    def start(pending, folder):
+        jobs.append(dist.run(f"{__file__}:rank_side", world, pending, folder, timeout=timeout, backend="gloo",
+                             idle_timeout=dist.IDLE_TIMEOUT_S, count_wire=True))
+        return jobs[-1]
+
+    outcomes = run_cases(start, list(enumerate(CASES)), world, _merge, stem=lambda case: case[0],
+                         name=lambda case: case_name(*case[1]), after_hang=_same_wrapper)
+    for name, outcome in outcomes.items():
+        outcome["wire"] = crossed_in_phases(jobs, name, ("steps",))
+    return outcomes
 
 
 def _same_wrapper(hung, pending):
