@@ -146,3 +146,22 @@ def test_the_same_function_runs_under_torchrun(tmp_path):
                            str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["(3.0, 2, 'gloo')"] * 2
+
+
+def test_the_launcher_counts_what_crossed_between_the_ranks():
+    # The kernel's byte counters, read by the launcher (course.wire), match gloo's closed forms
+    # (course.wire.gloo_bytes) to within message headers, phase by phase, on 2 and 4 ranks.
+    from autograder.grading.traffic import HEADER_BYTES, crossed_in_phases
+    from course import wire
+
+    if wire.available():
+        pytest.skip(wire.available())
+    numel = 50_000
+    for n in (2, 4):
+        job = dist.run("dist_algos:counted_collectives", n, numel, count_wire=True).check()
+        assert job.wire["complete"] and job.wire["bytes"] > 0
+        for kind in ("all_reduce", "all_gather"):
+            crossed = crossed_in_phases([job], kind, ("done",))["done"]
+            want = wire.gloo_bytes(kind, numel * 4, n)
+            assert want <= crossed <= want + 2 * n * n * HEADER_BYTES, (kind, n, crossed, want)
+    assert dist.run("dist_algos:counted_collectives", 2, 10).check().wire is None  # only when asked for
