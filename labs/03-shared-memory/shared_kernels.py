@@ -46,7 +46,8 @@ def block_sum_kernel(partial, x):
 def block_reduce(x, blocks=None):
     """Host side: the sum of ``x`` (float32) in two launches of ``block_sum_kernel``:
     ``blocks`` blocks make one partial sum each, then a single block adds those up.
-    ``blocks`` defaults to one block per ``THREADS`` elements, capped at 1024."""
+    ``blocks`` defaults to one block per ``THREADS`` elements, capped at 1024.
+    Return the number that last launch wrote (the grader records the launches)."""
     raise NotImplementedError('not implemented yet: block_reduce: first pass writes one partial per block; the second pass is one block over the partials')
 
 
@@ -68,15 +69,17 @@ def scan_block_kernel(out, block_sums, x):
 @cuda.jit
 def add_offsets_kernel(out, offsets):
     """``out[i] += offsets[i // SCAN_SPAN]``: give every segment the sum of all
-    the segments before it."""
+    the segments before it. The grader launches it with one thread per element."""
     raise NotImplementedError('not implemented yet: add_offsets_kernel: one thread per element; guard; the segment of element i is i // SCAN_SPAN')
 
 
 def exclusive_scan(x):
     """Host side: the exclusive prefix sum of ``x`` (int32) of any length.
 
-    Scan every segment, scan the segments' sums (the same problem, ``SCAN_SPAN``
-    times smaller: recurse), then add each segment's offset.
+    Scan every segment (``scan_block_kernel``, one block of ``THREADS`` threads
+    per segment), scan the segments' sums (the same problem, ``SCAN_SPAN`` times
+    smaller: recurse), then add each segment's offset (``add_offsets_kernel``).
+    Return what the kernels wrote (the grader records the launches).
     """
     raise NotImplementedError('not implemented yet: exclusive_scan: scan_block_kernel over ceil(n / SCAN_SPAN) blocks; recurse on block_sums when there is more than one; add_offsets_kernel')
 
@@ -99,7 +102,8 @@ def tiled_matmul_kernel(C, A, B):
 
 
 def tiled_matmul(A, B):
-    """Host side: ``A @ B`` (float32) with ``tiled_matmul_kernel``; returns a NumPy array."""
+    """Host side: ``A @ B`` (float32) with ``tiled_matmul_kernel``, one block per tile
+    of C; returns the C it wrote as a NumPy array (the grader records the launch)."""
     raise NotImplementedError('not implemented yet: tiled_matmul: a grid of ceil(cols / TILE) x ceil(rows / TILE) blocks of (TILE, TILE) threads')
 
 
@@ -121,6 +125,7 @@ def histogram_kernel(counts, values):
 
 def histogram(values, n_bins, blocks=None):
     """Host side: ``np.bincount(values, minlength=n_bins)`` computed by
-    ``histogram_kernel`` (int32 counts). ``blocks`` defaults to one per
-    ``THREADS`` values, capped at 256."""
+    ``histogram_kernel`` (int32 counts): return the counts it wrote (the grader
+    records the launch). ``blocks`` defaults to one per ``THREADS`` values,
+    capped at 256."""
     raise NotImplementedError('not implemented yet: histogram: zeroed device counts; launch with THREADS threads per block; copy back')

@@ -7,14 +7,23 @@ made in numba's simulator (``course.cuda_audit``) — never from whether a racy
 kernel happened to give a wrong answer this time. Those checks run in the
 simulator on both tiers; the GPU tier adds device sizes and speed as ratios of
 CuPy's own kernels (CUB's sum, cuBLAS FP32, bincount) measured in the same run.
+
+No property without the work: a kernel that does nothing has no races, no
+bank conflicts and reads nothing twice, so every check of what a kernel never
+does (and its compile check) is credited only when the same launch also gave
+the right answer (``with_the_work``). A host function is run in the simulator
+with a record of its launches: it must launch the lab's kernels as its
+docstring says and return what they wrote, not an answer of its own.
 """
 import math
 
 import numpy as np
 import pytest
 
-from autograder.grading.checking import (INT_POISON, by_tier, compiled_kernels, expect_array, expect_compiled,
-                                 require_compiles)
+from autograder.grading.checking import (INT_POISON, compiled_kernels, expect_array, expect_compiled, load_beside,
+                                         require_compiles, with_the_work)
+
+oracles = load_beside(__file__, "oracles")
 
 SEED = 2026
 CANARY = 64
@@ -36,6 +45,9 @@ CASES = {
     "reduce, grid smaller than data": lambda: ("block_sums", _rng(1).standard_normal(1000).astype(np.float32), 3),
     "reduce, one element per thread": lambda: ("block_sums", _rng(2).standard_normal(1000).astype(np.float32), 8),
     "scan": lambda: ("scan_segments", _rng(3).integers(-9, 10, 1000).astype(np.int32)),
+    # Three segments, the last partial; more offsets than segments, whatever SCAN_SPAN is.
+    "add offsets": lambda: ("add_offsets", _rng(10).integers(-9, 10, 517).astype(np.int32),
+                            _rng(11).integers(-99, 100, 16).astype(np.int32)),
     # Two tiles along every dimension, the last one partial (the simulator runs all 256 threads of each block).
     "matmul, ragged": lambda: ("matmul_tiles", _rng(4).standard_normal((19, 21)).astype(np.float32),
                                _rng(5).standard_normal((21, 17)).astype(np.float32)),
@@ -53,15 +65,20 @@ SIGNATURES = {"block_sum_kernel": "void(float32[:], float32[:])",
               "add_offsets_kernel": "void(int32[:], int32[:])",
               "tiled_matmul_kernel": "void(float32[:, :], float32[:, :], float32[:, :])",
               "histogram_kernel": "void(int32[:], int32[:])"}
-KERNEL_OF = {"reduce": "block_sum_kernel", "scan": "scan_block_kernel", "matmul": "tiled_matmul_kernel",
-             "histogram": "histogram_kernel"}
+KERNEL_OF = {"reduce": "block_sum_kernel", "scan": "scan_block_kernel", "add offsets": "add_offsets_kernel",
+             "matmul": "tiled_matmul_kernel", "histogram": "histogram_kernel"}
+# The launch whose answer credits a kernel's compile check.
+WORKS_IN = {"block_sum_kernel": "reduce, grid smaller than data", "scan_block_kernel": "scan",
+            "add_offsets_kernel": "add offsets", "tiled_matmul_kernel": "matmul, ragged",
+            "histogram_kernel": "histogram, 7 bins"}
 
 
 @pytest.mark.points(1)
 @pytest.mark.parametrize("kernel", SIGNATURES)
 def check_compiles_for_a_gpu(submission, kernel, metrics):
-    """compiles for sm_80 and sm_90 with numba's CUDA compiler (registers and shared memory from ptxas)"""
+    """compiles for sm_80 and sm_90 with numba's CUDA compiler (registers and shared memory from ptxas), credited once it computes its result"""
     expect_compiled(compiled_kernels(submission, "shared_kernels", SIGNATURES, kernel), kernel, metrics)
+    _credited(submission, WORKS_IN[kernel], f"compiling {kernel}")
 
 
 def simulated(submission, case):
@@ -88,22 +105,40 @@ def _no_races(result, what):
                        "(or make the update atomic). It may give the right answer by luck; on a GPU it will not")
 
 
-def _grid_stride_block_sums(x, blocks, threads):
-    grid = blocks * threads
-    per_thread = np.zeros(grid)
-    padded = np.zeros(math.ceil(x.size / grid) * grid)
-    padded[:x.size] = x
-    per_thread += padded.reshape(-1, grid).sum(axis=0)
-    return per_thread.reshape(blocks, threads).sum(axis=1)
+def _credited(submission, case, claim):
+    """``claim`` counts only if the launch of ``case`` also gave the right answer."""
+    with_the_work(claim, lambda: RIGHT_ANSWER[KERNEL_OF[case.split(",")[0]]](simulated(submission, case),
+                                                                               *inputs(case)))
+
+
+def _expect_launches(run, kernel, what, grid=None, block=None):
+    """``kernel``'s launches in a host function's record, each with ``block`` (and
+    ``grid``) when given, as (x, y, z); at least one."""
+    ours = oracles.launches_of(run, kernel)
+    everything = [(name, tuple(g), tuple(b)) for name, g, b in run["launches"]]
+    assert ours, (f"{what} launched no {kernel} (its launches: {everything or 'none'}): the host function "
+                  "computes its answer with the kernels, on the device")
+    for _, got_grid, got_block in ours:
+        for want, got, which in ((grid, got_grid, "blocks"), (block, got_block, "threads per block")):
+            assert want is None or got == want, (
+                f"{what} launched {kernel} with {got} {which} (x, y, z); the lab's contract is {want}")
+    return ours
+
+
+def _expect_returns_what_it_wrote(run, value, launches, kernel, what):
+    assert oracles.holds(run, value, [i for i, _, _ in launches]), (
+        f"{what} returned the right answer, but not what {kernel} wrote: no array its launches wrote holds it "
+        "(as the last launch left it). Return the kernels' result, copied back from the device, not an answer "
+        "computed beside them")
 
 
 # -- reduction ---------------------------------------------------------------------
 
-def _check_block_sums(result, x, blocks):
+def _expect_block_sums(result, x, blocks):
     _launched(result, "block_sum_kernel")
     partial = result["partial"]
     assert np.isnan(partial[blocks:]).all(), "block_sum_kernel wrote past partial[gridDim.x - 1]: one value per block"
-    expect_array(partial[:blocks], _grid_stride_block_sums(x, blocks, result["threads"]),
+    expect_array(partial[:blocks], oracles.grid_stride_block_sums(x, blocks, result["threads"]),
                  "block_sum_kernel partial", rtol=1e-4, atol=1e-4)
 
 
@@ -116,7 +151,7 @@ def check_block_sum_grid_stride(submission, tier):
     else:
         case = "reduce, grid smaller than data"
         (x, blocks), result = inputs(case), simulated(submission, case)
-    _check_block_sums(result, x, blocks)
+    _expect_block_sums(result, x, blocks)
 
 
 @pytest.mark.points(1)
@@ -124,7 +159,7 @@ def check_block_sum_one_per_thread(submission):
     """block_sum_kernel: one element per thread, the last block partly idle"""
     case = "reduce, one element per thread"
     (x, blocks), result = inputs(case), simulated(submission, case)
-    _check_block_sums(result, x, blocks)
+    _expect_block_sums(result, x, blocks)
 
 
 @pytest.mark.points(2)
@@ -134,6 +169,7 @@ def check_block_sum_no_races(submission):
     _launched(result, "block_sum_kernel")
     assert result["shared_arrays"], "block_sum_kernel does not use shared memory: the block must combine its sums there"
     _no_races(result, "block_sum_kernel")
+    _credited(submission, "reduce, grid smaller than data", "a tree without races")
 
 
 @pytest.mark.points(1)
@@ -146,40 +182,62 @@ def check_block_sum_bank_conflicts(submission):
         f"block_sum_kernel: a warp's shared-memory access hits one bank with {banks['worst']} different words "
         f"(mean {banks['mean']:.2f}; 1 is conflict-free): threads of a warp should touch consecutive elements, "
         "e.g. thread t adds element t + half to element t, rather than strided ones")
+    _credited(submission, "reduce, grid smaller than data", "a tree free of bank conflicts")
+
+
+def _expect_sum(total, x, what):
+    want = float(x.sum(dtype=np.float64))
+    assert total is not None and abs(total - want) <= 1e-4 * max(1.0, float(np.abs(x).sum())), (
+        f"{what}: expected {want:.6g}, got {total!r}")
 
 
 @pytest.mark.points(2)
 def check_block_reduce(submission, tier):
-    """block_reduce: the sum of arrays of awkward lengths"""
-    sizes = by_tier(tier, cpu=[1, 127, 1000], gpu=[1, 10_000_019])
-    arrays = [_rng(20 + k).standard_normal(n).astype(np.float32) for k, n in enumerate(sizes)]
-    got = submission.harness("host_reduce", arrays)
-    for x, total in zip(arrays, got):
-        want = float(x.sum(dtype=np.float64))
-        assert total is not None and abs(total - want) <= 1e-4 * max(1.0, float(np.abs(x).sum())), (
-            f"block_reduce of {x.size} elements: expected {want:.6g}, got {total!r}")
+    """block_reduce: the sum of arrays of awkward lengths, as block_sum_kernel's last launch (one block) wrote it"""
+    arrays = [_rng(20 + k).standard_normal(n).astype(np.float32) for k, n in enumerate([1, 127, 1000])]
+    runs = submission.in_simulator().harness("recorded", "block_reduce", [(x,) for x in arrays])
+    for x, run in zip(arrays, runs):
+        what = f"block_reduce of {x.size} elements"
+        _expect_sum(run["value"], x, what)
+        threads = run["threads"]
+        ours = _expect_launches(run, "block_sum_kernel", what, block=(threads, 1, 1))
+        blocks = min(max(1, math.ceil(x.size / threads)), 1024)
+        assert ours[0][1] == (blocks, 1, 1) and ours[-1][1] == (1, 1, 1), (
+            f"{what} launched block_sum_kernel on {[grid[0] for _, grid, _ in ours]} blocks; expected {blocks} "
+            "(the default: one per THREADS elements, at most 1024), then 1 to add up the partial sums")
+        _expect_returns_what_it_wrote(run, run["value"], ours[-1:], "the last launch of block_sum_kernel", what)
+    if tier == "gpu":
+        arrays = [_rng(20 + k).standard_normal(n).astype(np.float32) for k, n in enumerate([1, 10_000_019])]
+        for x, total in zip(arrays, submission.harness("host_reduce", arrays)):
+            _expect_sum(total, x, f"block_reduce of {x.size} elements on the GPU")
 
 
 # -- scan ----------------------------------------------------------------------------
 
-def _exclusive(x):
-    return np.concatenate([[0], np.cumsum(x, dtype=np.int64)[:-1]]).astype(np.int32)
+def _expect_scan(result, x):
+    _launched(result, "scan_block_kernel")
+    span = result["span"]
+    blocks = math.ceil(x.size / span)
+    segments = [x[b * span:(b + 1) * span] for b in range(blocks)]
+    expect_array(result["out"][:x.size], np.concatenate([oracles.exclusive(s) for s in segments]),
+                 "scan_block_kernel out (exclusive: out[i] leaves x[i] out)", exact=True)
+    expect_array(result["sums"][:blocks], [int(s.sum()) for s in segments], "scan_block_kernel block_sums", exact=True)
+    untouched = (result["out"][x.size:] == INT_POISON).all() and (result["sums"][blocks:] == INT_POISON).all()
+    assert untouched, "scan_block_kernel wrote past the end of out or block_sums (guard the last segment)"
+
+
+def _expect_offsets_added(result, out, offsets):
+    _launched(result, "add_offsets_kernel")
+    assert (result["out"][out.size:] == INT_POISON).all(), "add_offsets_kernel wrote past the end of out (guard i)"
+    expect_array(result["out"][:out.size], oracles.with_offsets(out, offsets, result["span"]),
+                 "add_offsets_kernel out (out[i] + offsets[i // SCAN_SPAN])", exact=True)
 
 
 @pytest.mark.points(2)
 def check_scan_block_kernel(submission):
     """scan_block_kernel: each segment's exclusive scan and its total"""
     case = "scan"
-    (x,), result = inputs(case), simulated(submission, case)
-    _launched(result, "scan_block_kernel")
-    span = result["span"]
-    blocks = math.ceil(x.size / span)
-    segments = [x[b * span:(b + 1) * span] for b in range(blocks)]
-    expect_array(result["out"][:x.size], np.concatenate([_exclusive(s) for s in segments]),
-                 "scan_block_kernel out (exclusive: out[i] leaves x[i] out)", exact=True)
-    expect_array(result["sums"][:blocks], [int(s.sum()) for s in segments], "scan_block_kernel block_sums", exact=True)
-    untouched = (result["out"][x.size:] == INT_POISON).all() and (result["sums"][blocks:] == INT_POISON).all()
-    assert untouched, "scan_block_kernel wrote past the end of out or block_sums (guard the last segment)"
+    _expect_scan(simulated(submission, case), *inputs(case))
 
 
 @pytest.mark.points(1)
@@ -188,18 +246,42 @@ def check_scan_no_races(submission):
     result = simulated(submission, "scan")
     _launched(result, "scan_block_kernel")
     _no_races(result, "scan_block_kernel")
+    _credited(submission, "scan", "a scan without races")
 
 
 @pytest.mark.points(2)
 def check_exclusive_scan(submission, tier):
-    """exclusive_scan: whole arrays over several segments"""
-    sizes = by_tier(tier, cpu=[1, 255, 256, 257, 1000], gpu=[1, 257, 10_000_019])
-    arrays = [_rng(30 + k).integers(-9, 10, n).astype(np.int32) for k, n in enumerate(sizes)]
-    for x, got in zip(arrays, submission.harness("host_scan", arrays)):
-        expect_array(got, _exclusive(x), f"exclusive_scan of {x.size} elements", exact=True)
+    """exclusive_scan: whole arrays over several segments, as scan_block_kernel and add_offsets_kernel wrote them"""
+    arrays = [_rng(30 + k).integers(-9, 10, n).astype(np.int32) for k, n in enumerate([1, 255, 256, 257, 1000])]
+    runs = submission.in_simulator().harness("recorded", "exclusive_scan", [(x,) for x in arrays])
+    for x, run in zip(arrays, runs):
+        what = f"exclusive_scan of {x.size} elements"
+        expect_array(run["value"], oracles.exclusive(x), what, exact=True)
+        segments = math.ceil(x.size / run["span"])
+        # The first scan is of x itself (the later ones, of the segments' sums).
+        first = _expect_launches(run, "scan_block_kernel", what, block=(run["threads"], 1, 1))[:1]
+        assert first[0][1] == (segments, 1, 1), (
+            f"{what} first launched scan_block_kernel on {first[0][1][0]} blocks; expected {segments}, "
+            "one per SCAN_SPAN-element segment")
+        if segments > 1:
+            _expect_launches(run, "add_offsets_kernel", f"{what} ({segments} segments)")
+        _expect_returns_what_it_wrote(run, run["value"], first, "scan_block_kernel (then add_offsets_kernel)", what)
+    if tier == "gpu":
+        arrays = [_rng(30 + k).integers(-9, 10, n).astype(np.int32) for k, n in enumerate([1, 257, 10_000_019])]
+        for x, got in zip(arrays, submission.harness("host_scan", arrays)):
+            expect_array(got, oracles.exclusive(x), f"exclusive_scan of {x.size} elements on the GPU", exact=True)
 
 
 # -- tiled matmul ------------------------------------------------------------------
+
+def _expect_matmul(result, A, B):
+    _launched(result, "tiled_matmul_kernel")
+    rows, cols = A.shape[0], B.shape[1]
+    C = result["C"]
+    canary = np.concatenate([C[rows:, :].ravel(), C[:rows, cols:].ravel()])
+    assert np.isnan(canary).all(), "tiled_matmul_kernel wrote outside C: guard the write (row < rows and col < cols)"
+    expect_array(C[:rows, :cols], A.astype(np.float64) @ B, "tiled_matmul_kernel C", rtol=1e-4, atol=1e-4)
+
 
 @pytest.mark.points(3)
 def check_tiled_matmul_kernel(submission, tier):
@@ -207,16 +289,10 @@ def check_tiled_matmul_kernel(submission, tier):
     if tier == "gpu":
         A = _rng(40).standard_normal((1001, 517)).astype(np.float32)
         B = _rng(41).standard_normal((517, 763)).astype(np.float32)
-        result = submission.harness("matmul_tiles", A, B)
+        _expect_matmul(submission.harness("matmul_tiles", A, B), A, B)
     else:
         case = "matmul, ragged"
-        (A, B), result = inputs(case), simulated(submission, case)
-    _launched(result, "tiled_matmul_kernel")
-    rows, cols = A.shape[0], B.shape[1]
-    C = result["C"]
-    canary = np.concatenate([C[rows:, :].ravel(), C[:rows, cols:].ravel()])
-    assert np.isnan(canary).all(), "tiled_matmul_kernel wrote outside C: guard the write (row < rows and col < cols)"
-    expect_array(C[:rows, :cols], A.astype(np.float64) @ B, "tiled_matmul_kernel C", rtol=1e-4, atol=1e-4)
+        _expect_matmul(simulated(submission, case), *inputs(case))
 
 
 @pytest.mark.points(2)
@@ -236,6 +312,7 @@ def check_tiled_matmul_reuses_tiles(submission):
             f"tiled_matmul_kernel read each element of {name} {per_element:.1f} times from global memory "
             f"(a tiled kernel: {tiles}, one reading in its inner loop: {naive}). Load a tile into shared memory "
             "once, wait, and multiply from there")
+    _credited(submission, case, "reading each element once per tile")
 
 
 @pytest.mark.points(1)
@@ -244,6 +321,7 @@ def check_tiled_matmul_no_races(submission):
     result = simulated(submission, "matmul, ragged")
     _launched(result, "tiled_matmul_kernel")
     _no_races(result, "tiled_matmul_kernel")
+    _credited(submission, "matmul, ragged", "tiles without races")
 
 
 @pytest.mark.points(1)
@@ -261,17 +339,30 @@ def check_tiled_matmul_access_patterns(submission):
     assert banks["worst"] <= 2, (
         f"tiled_matmul_kernel: a warp's shared-memory access hits one bank with {banks['worst']} different words "
         "(1 is conflict-free): store and read the tiles with threadIdx.x on the last index")
+    _credited(submission, "matmul, whole tiles", "coalesced, conflict-free accesses")
+
+
+def _matrices(shape, seed):
+    return (_rng(seed).standard_normal(shape[:2]).astype(np.float32),
+            _rng(seed + 1).standard_normal(shape[1:]).astype(np.float32))
 
 
 @pytest.mark.points(1)
 def check_tiled_matmul(submission, tier):
-    """tiled_matmul: the host function returns A @ B"""
+    """tiled_matmul: the host function returns A @ B as tiled_matmul_kernel wrote it, one block per tile of C"""
     # rows and columns span different numbers of tiles (1 and 2): a grid with x and y swapped misses some of C.
-    shape = by_tier(tier, cpu=(9, 20, 23), gpu=(2049, 1000, 3001))
-    A = _rng(50).standard_normal(shape[:2]).astype(np.float32)
-    B = _rng(51).standard_normal(shape[1:]).astype(np.float32)
-    expect_array(submission.harness("host_matmul", A, B), A.astype(np.float64) @ B, "tiled_matmul(A, B)",
-                 rtol=1e-4, atol=1e-4)
+    A, B = _matrices((9, 20, 23), 50)
+    (run,) = submission.in_simulator().harness("recorded", "tiled_matmul", [(A, B)])
+    what = "tiled_matmul(A, B)"
+    expect_array(run["value"], A.astype(np.float64) @ B, what, rtol=1e-4, atol=1e-4)
+    tile = run["tile"]
+    ours = _expect_launches(run, "tiled_matmul_kernel", what, grid=(math.ceil(23 / tile), math.ceil(9 / tile), 1),
+                            block=(tile, tile, 1))
+    _expect_returns_what_it_wrote(run, run["value"], ours, "tiled_matmul_kernel", what)
+    if tier == "gpu":
+        A, B = _matrices((2049, 1000, 3001), 50)
+        expect_array(submission.harness("host_matmul", A, B), A.astype(np.float64) @ B, f"{what} on the GPU",
+                     rtol=1e-4, atol=1e-4)
 
 
 # -- histogram -------------------------------------------------------------------------
@@ -279,15 +370,18 @@ def check_tiled_matmul(submission, tier):
 HISTOGRAM_CASES = ["histogram, 7 bins", "histogram, 200 bins"]
 
 
-@pytest.mark.points(1)
-@pytest.mark.parametrize("case", HISTOGRAM_CASES, ids=["7 bins", "200 bins"])
-def check_histogram_kernel(submission, case):
-    """histogram_kernel: counts equal np.bincount (colliding values, more bins than threads)"""
-    (values, n_bins, _), result = inputs(case), simulated(submission, case)
+def _expect_histogram(result, values, n_bins, _blocks):
     _launched(result, "histogram_kernel")
     counts = result["counts"]
     assert (counts[n_bins:] == INT_POISON).all(), "histogram_kernel wrote past counts[n_bins - 1]"
     expect_array(counts[:n_bins], np.bincount(values, minlength=n_bins), "histogram_kernel counts", exact=True)
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("case", HISTOGRAM_CASES, ids=["7 bins", "200 bins"])
+def check_histogram_kernel(submission, case):
+    """histogram_kernel: counts equal np.bincount (colliding values, more bins than threads)"""
+    _expect_histogram(simulated(submission, case), *inputs(case))
 
 
 @pytest.mark.points(2)
@@ -297,6 +391,8 @@ def check_histogram_no_races(submission):
         result = simulated(submission, case)
         _launched(result, "histogram_kernel")
         _no_races(result, "histogram_kernel")
+    for case in HISTOGRAM_CASES:
+        _credited(submission, case, "atomic updates across barriers")
 
 
 @pytest.mark.points(1)
@@ -310,15 +406,30 @@ def check_histogram_privatised(submission):
         f"histogram_kernel updated counts {updates} times for {values.size} values in {blocks} blocks: "
         f"count into a shared copy of the bins first, then add each block's bins to counts "
         f"(at most {blocks * n_bins} global atomics)")
+    _credited(submission, case, "privatised bins")
 
 
 @pytest.mark.points(1)
 def check_histogram(submission, tier):
-    """histogram: the host function equals np.bincount"""
-    n = by_tier(tier, cpu=2000, gpu=10_000_019)
-    values = _rng(60).integers(0, 50, n).astype(np.int32)
-    expect_array(submission.harness("host_histogram", values, 50), np.bincount(values, minlength=50),
-                 "histogram(values, 50)", exact=True)
+    """histogram: the host function returns np.bincount as histogram_kernel counted it"""
+    values = _rng(60).integers(0, 50, 2000).astype(np.int32)
+    (run,) = submission.in_simulator().harness("recorded", "histogram", [(values, 50)])
+    what = "histogram(values, 50)"
+    expect_array(run["value"], np.bincount(values, minlength=50), what, exact=True)
+    threads = run["threads"]
+    blocks = min(max(1, math.ceil(values.size / threads)), 256)
+    ours = _expect_launches(run, "histogram_kernel", what, grid=(blocks, 1, 1), block=(threads, 1, 1))
+    _expect_returns_what_it_wrote(run, run["value"], ours, "histogram_kernel", what)
+    if tier == "gpu":
+        values = _rng(60).integers(0, 50, 10_000_019).astype(np.int32)
+        expect_array(submission.harness("host_histogram", values, 50), np.bincount(values, minlength=50),
+                     f"{what} on the GPU", exact=True)
+
+
+# The answer each kernel's launch must give, for with_the_work: (result, *inputs of its case).
+RIGHT_ANSWER = {"block_sum_kernel": _expect_block_sums, "scan_block_kernel": _expect_scan,
+                "add_offsets_kernel": _expect_offsets_added, "tiled_matmul_kernel": _expect_matmul,
+                "histogram_kernel": _expect_histogram}
 
 
 # -- GPU tier: speed as ratios of CuPy's kernels, in one run ----------------------------

@@ -5,12 +5,16 @@ elements past the end. In numba's CUDA simulator every launch runs inside
 ``course.cuda_audit.audit()``, which records each memory access: the checks
 then judge races, bank conflicts, coalescing and global loads from that record,
 which does not depend on the order the simulator happened to run threads in.
+The host functions run there too (``recorded``), with a record of every launch
+they make and of what those launches wrote, so that a check can tell a host
+function that returns its kernels' result from one that computes it itself.
 On a GPU there is no record; the same launches check results at device sizes,
 and the ``*_vs_*`` functions time the kernels against CuPy's (CUB, cuBLAS).
 """
 import contextlib
 import math
 import os
+from collections import defaultdict
 
 import numpy as np
 from numba import config, cuda
@@ -113,7 +117,91 @@ def histogram_blocks(values, n_bins, blocks):
     return result
 
 
-# -- the host functions -------------------------------------------------------------
+def add_offsets(out, offsets):
+    """add_offsets_kernel on ``out`` with one thread per element (its canary past the end)."""
+    threads = _student().THREADS
+    buffer = np.concatenate([out, np.full(CANARY, INT_POISON, np.int32)])
+    result = _launch(_kernel("add_offsets_kernel"), math.ceil(out.size / threads), threads, [buffer, offsets],
+                     views={0: slice(0, out.size)})
+    result["out"] = result.pop("arrays")[0]
+    result["span"] = _student().SCAN_SPAN
+    return result
+
+
+# -- the host functions, with a record of their launches (simulator) ----------------
+
+def recorded(func, calls):
+    """The student's host function ``func`` on each argument tuple of ``calls``, in
+    the simulator: what it returned, each launch it made (kernel, grid, block) and
+    each device array those launches wrote (``_writes``), with the lab's sizes."""
+    from course.cuda_audit import audit, launches
+
+    s = _student()
+    runs = []
+    for args in calls:
+        with audit() as log, launches() as found, _writes(log) as outputs:
+            value = getattr(s, func)(*args)
+        runs.append({"value": float(value) if func == "block_reduce" else value,
+                     "launches": [[launch.kernel, list(launch.grid), list(launch.block)] for launch in found],
+                     "outputs": outputs, "threads": s.THREADS, "span": s.SCAN_SPAN, "tile": s.TILE})
+    return runs
+
+
+@contextlib.contextmanager
+def _writes(log):
+    """For every device array a launch inside the block wrote (as the kernel was
+    given it, a view or not): which launches wrote it (indices into the audit's
+    launches), the elements they wrote, and its contents when the last of them
+    ended, which later host code cannot change. Host arrays given to a launch
+    are copied in and back, as numba does on a GPU, so they are recorded too."""
+    from numba.cuda.simulator import kernel as sim_kernel
+
+    from course.cuda_audit import _base_address, _host_view
+
+    original = sim_kernel.FakeCUDAKernel.__call__
+    arrays = {}  # (buffer, offset, shape, strides) -> what launches wrote to that view
+    seen = [0]  # accesses of earlier launches in log.accesses
+
+    def call(self, *args):
+        if self._device or sim_kernel._kernel_context:
+            return original(self, *args)
+        given = [cuda.to_device(a) if isinstance(a, np.ndarray) and a.ndim else a for a in args]
+        views = [_host_view(d) for d in given if hasattr(d, "copy_to_host")]
+        for view in views:
+            log.name(view, f"buffer@{_base_address(view):x}")
+        original(self, *given)
+        launch = log.launches - 1
+        written = defaultdict(set)
+        for access in log.accesses[seen[0]:]:
+            if access.space == "global" and access.kind != "r":
+                written[access.array].add(access.offset)
+        seen[0] = len(log.accesses)
+        for view in views:
+            base = _base_address(view)
+            start = view.__array_interface__["data"][0] - base
+            offsets = start + sum(np.arange(n).reshape([-1 if d == axis else 1 for d in range(view.ndim)]) * stride
+                                  for axis, (n, stride) in enumerate(zip(view.shape, view.strides)))
+            mask = np.isin(offsets, list(written[f"buffer@{base:x}"]))
+            if mask.any():
+                entry = arrays.setdefault((base, start, view.shape, view.strides),
+                                          {"by": [], "written": np.zeros(view.shape, bool)})
+                entry["by"].append(launch)
+                entry["written"] |= mask
+                entry["contents"] = view.copy()
+        for a, d in zip(args, given):
+            if d is not a:
+                d.copy_to_host(a)
+
+    outputs = []
+    sim_kernel.FakeCUDAKernel.__call__ = call
+    try:
+        yield outputs
+    finally:
+        sim_kernel.FakeCUDAKernel.__call__ = original
+        outputs.extend(arrays.values())
+
+
+# -- the host functions at GPU sizes (no record there) --------------------------------
 
 def host_reduce(arrays):
     with _recording():
