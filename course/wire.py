@@ -65,6 +65,14 @@ def gloo_bytes(kind: str, nbytes: int, p: int) -> int:
     return per_kind[kind]
 
 
+def gloo_messages(kind: str, p: int) -> int:
+    """Messages that one collective of gloo sends, summed over its ``p`` ranks (each
+    carries a few hundred bytes of gloo's own at most)."""
+    per_rank = {"all_reduce": 2 * (p - 1), "reduce_scatter": 2 * (p - 1), "all_gather": p - 1,
+                "all_to_all": p - 1, "broadcast": (p - 1) / p, "send": 1 / p}[kind]
+    return round(per_rank * p)
+
+
 def available() -> str:
     """"" where the kernel's counters can be read here, else why not."""
     if not sys.platform.startswith("linux"):

@@ -31,7 +31,7 @@ import pytest
 
 from autograder.grading.submission import failure_from, not_implemented_yet
 from autograder.grading.traffic import expect_crossed
-from course.wire import gloo_bytes
+from course.wire import gloo_bytes, gloo_messages
 
 WORLDS = (2, 4)
 STEPS = 3
@@ -244,7 +244,8 @@ def _expect_gradient_traffic(submission, world, name, outcome, collectives_per_s
     # The recorder counts calls, not bytes: the share of the expected all-reduces it saw stands for its bytes.
     seen = sum(len(_all_reduces(events)) for record in outcome["ranks"] for micro in record["steps"]
                for events in micro)
-    expect_crossed(submission, outcome["wire"], "steps", want, STEPS * collectives_per_step * 2 * (world - 1) * world,
+    messages = STEPS * collectives_per_step * gloo_messages("all_reduce", world)
+    expect_crossed(submission, outcome["wire"], "steps", want, messages,
                    f"{name} on {world} processes, {STEPS} steps",
                    f"an all-reduce of the {gradients} bytes of gradients per step",
                    logged=want * min(1.0, seen / (STEPS * collectives_per_step * world)))

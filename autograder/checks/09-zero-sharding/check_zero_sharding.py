@@ -23,7 +23,9 @@ import math
 import numpy as np
 import pytest
 
-from autograder.grading.checking import expect_array
+from autograder.grading.checking import expect_array, with_the_work
+from autograder.grading.traffic import expect_crossed
+from course.wire import gloo_bytes, gloo_messages
 from autograder.grading.submission import failure_from, not_implemented_yet
 
 WORLD_SIZES = (2, 4)
@@ -207,6 +209,21 @@ def check_zero1_optimizer_state_bytes(submission, metrics):
                 f"{full / n:.0f} (1/{n} of unsharded Adam's {full}): is the shard's state in self.optimizer?")
 
 
+@pytest.mark.points(1)
+def check_zero1_traffic(submission):
+    """ShardedOptimizer: per step, a reduce-scatter of the gradients and an all-gather of the parameters cross (the kernel's count)"""
+    with_the_work("ZeRO-1's traffic", lambda: check_zero1_matches_unsharded_adam(submission))
+    for n, case in _case(submission, "zero1_adam").items():
+        numel = sum(size for _, size in case["layout"])
+        padded = 8 * n * math.ceil(numel / n)  # float64
+        # gloo runs a reduce-scatter as a whole all-reduce (course.wire.gloo_bytes)
+        want = STEPS * (gloo_bytes("reduce_scatter", 8 * numel, n) + gloo_bytes("all_gather", padded // n, n))
+        messages = STEPS * (gloo_messages("reduce_scatter", n) + gloo_messages("all_gather", n))
+        expect_crossed(submission, case["wire"], "steps", want, messages,
+                       f"ShardedOptimizer(Adam) on {n} ranks, {STEPS} steps",
+                       f"a reduce-scatter of the {numel} gradients and an all-gather of the padded parameters per step")
+
+
 @pytest.mark.points(3)
 def check_zero3_matches_unsharded_adam(submission):
     """Zero3Sequential + Adam on the shards: full parameters equal unsharded Adam (2 and 4 ranks)"""
@@ -228,6 +245,22 @@ def check_zero3_stores_only_shards(submission):
                 f"on {n} ranks, rank {rank}: the wrapper keeps {stored} bytes of tensors, expected about "
                 f"{8 * sum(want_sizes)} (its float64 shards); the full model is {8 * sum(sizes)}. Are full "
                 "parameters kept somewhere (the layers themselves, a cache)?")
+
+
+@pytest.mark.points(1)
+def check_zero3_traffic(submission):
+    """Zero3Sequential: per step, each layer gathered in forward and in backward, its gradient reduce-scattered (the kernel's count)"""
+    with_the_work("ZeRO-3's traffic", lambda: check_zero3_matches_unsharded_adam(submission))
+    for n, case in _case(submission, "zero3_adam").items():
+        padded = [8 * n * math.ceil(s / n) for s in case["layer_sizes"][0]]  # float64, each layer's
+        per_step = sum(2 * gloo_bytes("all_gather", layer // n, n) + gloo_bytes("reduce_scatter", layer, n)
+                       for layer in padded)
+        gathers = sum(case["gathers"]) / (2 * len(padded) * STEPS * n)  # the in-process watch's share
+        messages = STEPS * len(padded) * (2 * gloo_messages("all_gather", n) + gloo_messages("reduce_scatter", n))
+        expect_crossed(submission, case["wire"], "steps", STEPS * per_step, messages,
+                       f"Zero3Sequential on {n} ranks, {STEPS} steps",
+                       "every layer all-gathered twice and its gradient reduce-scattered once per step",
+                       logged=STEPS * per_step * min(1.0, gathers))
 
 
 @pytest.mark.points(2)

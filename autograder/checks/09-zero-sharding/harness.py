@@ -24,6 +24,10 @@ decay; SGD with momentum) or ``Zero3Sequential`` (Adam), and records:
   ``all_gather_into_tensor``, deprecated in torch 2.13) is tracked with
   ``weakref.finalize`` from the call until it (and every view of it) is freed.
 
+The launcher counts the bytes that cross between the ranks in the training
+steps (``count_wire``, ``course.dist.mark``), which the traffic checks compare
+with the closed forms.
+
 Each rank writes a file per case as soon as it is done, so when a rank raises
 or the job hangs the files say which case it was; the cases after it run again
 in a new job without it, as in lab 06. A stub (``NotImplementedError`` on every
@@ -34,6 +38,7 @@ import math
 import weakref
 
 from autograder.grading.checking import first_failure, run_cases, save_record
+from autograder.grading.traffic import crossed_in_phases
 from course import dist as launcher
 
 DIMS = (6, 22, 10, 22, 13, 3)  # Linear sizes 154, 230, 242, 299, 42 parameters: 967 in all
@@ -220,11 +225,13 @@ def _zero1(student, kind, rank, n):
     name, kwargs = OPTIMIZERS[kind]
     optimizer_class = getattr(torch.optim, name)
     opt = student.ShardedOptimizer(model.parameters(), optimizer_class, **kwargs)
+    launcher.mark(f"zero1_{kind}:start")  # what the steps send, counted by the launcher
     for step in range(STEPS):
         x, y = _batch(step)
         torch.nn.functional.mse_loss(model(_local(x, rank, n)), _local(y, rank, n)).backward()
         opt.step()
         opt.zero_grad()
+    launcher.mark(f"zero1_{kind}:steps")
     inner = getattr(opt, "optimizer", None)
     record = {"params": _flat_params(model), "inner_class": type(inner).__name__,
               "inner_ok": isinstance(inner, optimizer_class)}
@@ -245,11 +252,13 @@ def _zero3(student, rank, n):
     name, kwargs = OPTIMIZERS["adam"]
     opt = getattr(torch.optim, name)(model.parameters(), **kwargs)
     with GatherWatch() as watch:
+        launcher.mark("zero3_adam:start")
         for step in range(STEPS):
             x, y = _batch(step)
             torch.nn.functional.mse_loss(model(_local(x, rank, n)), _local(y, rank, n)).backward()
             opt.step()
             opt.zero_grad()
+        launcher.mark("zero3_adam:steps")
         tdist.barrier()  # c10d may hold a collective's output until the next one is issued
         gc.collect()
         live_after = watch.live
@@ -312,7 +321,14 @@ def _merge(records):
 def training_job(n, names=CASES):
     """{case: outcome} for ``n`` ranks; see the module docstring."""
     # gloo on both tiers: the model is tiny and its tensors live on the CPU.
-    start = lambda pending, folder: launcher.run(f"{__file__}:rank_side", n, pending, n, folder,
-                                                 timeout=JOB_TIMEOUT_S, backend="gloo",
-                                                 idle_timeout=launcher.IDLE_TIMEOUT_S)
-    return run_cases(start, names, n, _merge)
+    jobs = []
+
+    def start(pending, folder):
+        jobs.append(launcher.run(f"{__file__}:rank_side", n, pending, n, folder, timeout=JOB_TIMEOUT_S,
+                                 backend="gloo", idle_timeout=launcher.IDLE_TIMEOUT_S, count_wire=True))
+        return jobs[-1]
+
+    outcomes = run_cases(start, names, n, _merge)
+    for name, outcome in outcomes.items():
+        outcome["wire"] = crossed_in_phases(jobs, name, ("steps",))
+    return outcomes

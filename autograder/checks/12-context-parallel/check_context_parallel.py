@@ -34,7 +34,7 @@ import pytest
 
 from autograder.grading.checking import expect_array, load_beside, with_the_work
 from autograder.grading.traffic import expect_crossed
-from course.wire import gloo_bytes
+from course.wire import gloo_bytes, gloo_messages
 from autograder.grading.submission import failure_from, not_implemented_yet
 
 oracles = load_beside(__file__, "oracles")
@@ -410,7 +410,8 @@ def check_ulysses_makes_two_all_to_alls_each_way(submission):
         for phase in ("forward", "backward"):
             where = f"ulysses_attention on {P} ranks, {phase}"
             logged = sum((P - 1) * sum(r[phase]["all_to_all"]) for r in outcome["ranks"]) // P * 8
-            expect_crossed(submission, outcome["wire"], phase, gloo_bytes("all_to_all", 4 * shard * 8, P), 2 * P * P,
+            expect_crossed(submission, outcome["wire"], phase, gloo_bytes("all_to_all", 4 * shard * 8, P),
+                           2 * gloo_messages("all_to_all", P),
                            where, f"two all-to-alls of {3 * shard} and {shard} float64 per rank", logged)
         for rank, record in enumerate(outcome["ranks"]):
             for phase in ("forward", "backward"):
