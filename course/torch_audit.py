@@ -186,3 +186,44 @@ class SavedActivations:
     @property
     def nbytes(self):
         return sum(self.storages.values())
+
+
+class MessageLog:
+    """The point-to-point messages torch code on this process posts, in order,
+    whichever API posted them (``send``, ``isend``, ``batch_isend_irecv``):
+    ``messages`` gets ``{"kind": "send" or "recv", "peer", "tag", "shape",
+    "data"}`` per tensor of each ``c10d.send`` / ``c10d.recv_``. ``peer`` is the
+    rank in the message's group (None: a receive from any source); ``data`` is a
+    copy of what a send sends, taken as it is posted (None for a receive, whose
+    buffer is filled later). Lab 11 compares an executor's messages with the
+    schedule it was given."""
+
+    def __init__(self):
+        self.messages: list[dict] = []
+        self._mode = None
+
+    def __enter__(self) -> "MessageLog":
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        log = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func.namespace == "c10d" and func._opname in ("send", "recv_", "recv_any_source_"):
+                    log._saw(func._opname, args)
+                return func(*args, **(kwargs or {}))
+
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mode.__exit__(*exc)
+
+    def _saw(self, name, args) -> None:
+        # (tensors, process group, peer, tag); recv_any_source_ has (tensors, process group, tag)
+        peer, tag = (None, args[2]) if name == "recv_any_source_" else (args[2], args[3])
+        for tensor in _tensors(args[0]):
+            self.messages.append({"kind": "send" if name == "send" else "recv", "peer": peer, "tag": tag,
+                                  "shape": tuple(tensor.shape),
+                                  "data": tensor.detach().clone() if name == "send" else None})

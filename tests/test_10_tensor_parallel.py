@@ -205,3 +205,46 @@ def test_sizes_keep_activations_below_every_full_weight():
     smallest_full = min(harness.HIDDEN ** 2, harness.HIDDEN * harness.FFN, harness.VOCAB * harness.HIDDEN)
     assert activation <= smallest_full and harness.SEQ * harness.BATCH * harness.HIDDEN < smallest_full
     assert harness.HIDDEN * harness.FFN // 2 < harness.HIDDEN ** 2  # an MLP shard on 2 ranks is no full weight
+
+
+def test_the_vocabulary_pairs_own_tensors_stay_below_the_whole_logits_and_table():
+    tokens = harness.SEQ * harness.BATCH
+    assert tokens * harness.VOCAB // 2 < tokens * harness.VOCAB  # the local logits on 2 ranks: half of them
+    assert tokens * harness.HIDDEN < harness.VOCAB * harness.HIDDEN  # the embedding's output is no table
+
+
+def test_oplog_sees_a_tensor_made_and_dropped_at_once():
+    from course.torch_audit import OpLog
+
+    with OpLog() as log:
+        torch.zeros(24, 32).sum()  # neither kept nor saved for backward: still made
+    assert log.largest == (768, (24, 32))
+
+
+def _vocab_record(dispatched, made, **more):
+    return {"arrays": {}, "dispatched": dispatched, "made": made, **more}
+
+
+def test_cross_entropy_audit_names_a_gather_and_a_whole_vocabulary_tensor():
+    gathered = _vocab_record({"forward": [["all_gather", 192]], "backward": []}, [192, [8, 2, 12]],
+                             tokens=16, limit=384)
+    outcome = {"cross_entropy": {"status": "ok", "ranks": [gathered, gathered]}}
+    with pytest.raises(AssertionError, match=r"forward: collectives \[\['all_gather', 192\]\]"):
+        checks.check_vocab_parallel_cross_entropy_sends_per_token_values(_FakeSubmission({2: outcome, 4: outcome}))
+    fused = {"forward": [["all_reduce", 16], ["all_reduce", 32]], "backward": []}  # max, then the two sums stacked
+    wide = _vocab_record(fused, [384, [8, 2, 24]], tokens=16, limit=384)
+    outcome = {"cross_entropy": {"status": "ok", "ranks": [wide, wide]}}
+    with pytest.raises(AssertionError, match=r"makes a tensor of shape \(8, 2, 24\)"):
+        checks.check_vocab_parallel_cross_entropy_sends_per_token_values(_FakeSubmission({2: outcome, 4: outcome}))
+    fine = _vocab_record(fused, [192, [8, 2, 12]], tokens=16, limit=384)
+    outcome = {"cross_entropy": {"status": "ok", "ranks": [fine, fine]}}
+    checks.check_vocab_parallel_cross_entropy_sends_per_token_values(_FakeSubmission({2: outcome, 4: outcome}))
+
+
+def test_vocab_audits_credit_nothing_when_the_values_are_wrong():
+    record = _vocab_record({"forward": [["all_reduce", 512]], "backward": []}, [512, [8, 2, 32]], activation=512,
+                           limit=768)
+    record["arrays"] = {"output": (None, [0.0])}  # a forward that returned None makes no wrong collective
+    outcome = {"embedding": {"status": "ok", "ranks": [record, record]}}
+    with pytest.raises(AssertionError, match="not credited: the audit of the embedding's collectives and sizes"):
+        checks.check_vocab_parallel_embedding_looks_up_locally(_FakeSubmission({2: outcome, 4: outcome}))

@@ -129,6 +129,83 @@ def test_the_executor_table_is_the_documented_gpipe_and_1f1b():
     for kind in ("gpipe", "1f1b"):
         for p in (2, 4):
             assert oracles.executor_schedule(kind, p) == hidden.make_schedule(p, checks.MICROBATCHES, kind)
+    for p in (2, 4):  # the shuffled one: valid, and neither of them
+        shuffled = oracles.executor_schedule("shuffled", p)
+        assert oracles.validate(shuffled, p, checks.MICROBATCHES) is None
+        assert all(shuffled != hidden.make_schedule(p, checks.MICROBATCHES, kind) for kind in ("gpipe", "1f1b"))
+
+
+# --- the executor's messages -------------------------------------------------------------------
+
+SHAPE = (3, 8)
+
+
+def _posted(schedule, order=None):
+    """The messages a rank posts for ``schedule``, as the harness records them: in the order
+    of ``expected_messages``, or ``order(rank, events)`` of it; every tag the microbatch."""
+    p, found = len(schedule), []
+    for r, ops in enumerate(schedule):
+        events = oracles.expected_messages(ops, r, p)
+        events = order(r, events) if order else events
+        found.append([{"kind": d, "peer": peer, "tag": what[1], "shape": list(SHAPE),
+                       "carries": list(what) if d == "send" else None} for _, d, peer, what in events])
+    return found
+
+
+def _batched(rank, events):
+    """Each receive moved before the previous op's send (one batch_isend_irecv, receive first)."""
+    events = list(events)
+    for k in range(1, len(events)):
+        if events[k][1] == "recv" and events[k - 1][1] == "send" and events[k - 1][0] == events[k][0] - 1:
+            events[k - 1], events[k] = events[k], events[k - 1]
+    return events
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b", "shuffled"])
+def test_messages_in_the_schedules_order_pass_and_so_do_batched_receives(kind):
+    for p in (2, 4):
+        schedule = oracles.executor_schedule(kind, p)
+        assert oracles.message_problem(schedule, _posted(schedule), SHAPE) is None
+        batched = _posted(schedule, _batched)
+        assert batched != _posted(schedule) or kind == "gpipe" and p == 2
+        assert oracles.message_problem(schedule, batched, SHAPE) is None
+
+
+def test_gpipe_order_for_1f1b_ops_is_named_by_the_rank_and_messages_that_show_it():
+    ones = oracles.executor_schedule("1f1b", 2)
+    ran = _posted(oracles.executor_schedule("gpipe", 2))  # what an executor ignoring its ops posts
+    assert oracles.message_problem(ones, ran, SHAPE) == (
+        "rank 0 (ops F0 F1 B0 F2 B1 F3 B2 B3) sends F2 to rank 1 before it receives B0 from rank 1, whose op "
+        "comes first in its ops: run the ops in the order given")
+
+
+def test_whole_batch_messages_and_shuffled_microbatches_are_named():
+    gpipe = oracles.executor_schedule("gpipe", 2)
+    whole = [[{"kind": "send", "peer": 1, "tag": 0, "shape": [12, 8], "carries": None},
+              {"kind": "recv", "peer": 1, "tag": 0, "shape": [12, 8], "carries": None}],
+             [{"kind": "recv", "peer": 0, "tag": 0, "shape": [12, 8], "carries": None},
+              {"kind": "send", "peer": 0, "tag": 0, "shape": [12, 8], "carries": None}]]
+    assert oracles.message_problem(gpipe, whole, SHAPE).startswith(
+        "rank 0's message 1 (send to rank 1) has shape (12, 8); every message is one microbatch's")
+    shuffled = oracles.executor_schedule("shuffled", 2)
+    assert oracles.message_problem(shuffled, _posted(oracles.executor_schedule("1f1b", 2)), SHAPE).startswith(
+        "rank 0 (ops F2 F0 F3 B2 B0 F1 B3 B1): its send number 1 is F0 to rank 1, expected F2 to rank 1")
+
+
+def test_a_receive_posted_two_ops_early_or_unmatched_is_refused():
+    ones = oracles.executor_schedule("1f1b", 2)
+
+    def hoisted(rank, events):  # rank 1 posts every receive first
+        return sorted(events, key=lambda e: e[1] != "recv") if rank == 1 else events
+    assert "more than one op ahead" in oracles.message_problem(ones, _posted(ones, hoisted), SHAPE)
+    untagged = _posted(ones)
+    untagged[1][0]["tag"] = 7  # a receive no send matches
+    assert oracles.message_problem(ones, untagged, SHAPE) == (
+        "rank 1's message 1 receives from rank 0 with tag 7, but that rank sends it no message (or no more) "
+        "with that tag")
+    unknown = _posted(ones)
+    unknown[0][0]["carries"] = None  # data that is no microbatch's output
+    assert oracles.message_problem(ones, unknown, SHAPE).startswith("rank 0's message 1 sends rank 1 (tag 0) a tensor")
 
 
 def test_brute_force_partition_on_tiny_cases():

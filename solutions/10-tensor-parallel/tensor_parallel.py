@@ -44,6 +44,11 @@ Conventions the grader relies on:
   attention applies f (or the sequence gather) ONCE for q, k and v together,
   as Megatron's fused QKV layer does, so ``q``, ``k`` and ``v`` are built with
   ``communicate_input=False``.
+- The vocabulary pair never makes a whole ``[tokens, vocab]`` or
+  ``[vocab, hidden]`` tensor on a rank, not even for a moment (the grader
+  sees every tensor they make and every collective): the embedding looks up
+  its own rows and all-reduces the result once; the cross-entropy all-reduces
+  per-token values only (the max, the sum of exps, the target's logit).
 - With ``sequence_parallel=True``, parameters that every rank holds whole
   but applies to its own sequence shard (the LayerNorms, the row layers'
   bias) get partial gradients; mark them ``param.sequence_parallel = True``

@@ -214,6 +214,11 @@ def run_pipeline(stage_module, ops, microbatches, targets, loss_fn, activation_s
     steps the optimizer. Returns the mean loss over the microbatches (a float)
     on the last rank, ``None`` on the others.
 
+    Every message is one microbatch's activation or gradient, sent and
+    received in the order of ``ops`` (the grader records them; a receive may
+    be posted together with the previous op's send, as ``batch_isend_irecv``
+    does, not earlier).
+
     Sends must not block: a rank sending an activation forward while its
     neighbour sends it a gradient backward would otherwise wait forever.
     ``dist.isend`` returns at once; keep its handle (and the tensor it sends)

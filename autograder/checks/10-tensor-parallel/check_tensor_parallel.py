@@ -20,13 +20,23 @@ Oracles:
 - Memory: no tensor the modules hold or autograd saves for backward is as
   large as a full weight matrix of the layer (sizes chosen so that
   activations are smaller than every full weight).
+- The vocabulary pair, audited by ``course.torch_audit.OpLog`` over every
+  operator they run (what they make, kept or not, and the collectives the
+  process group sees): the embedding makes one all-reduce of its s*b*h
+  output and no tensor as large as the [vocab, hidden] table; the
+  cross-entropy's collectives are all-reduces of at most 3 values per token
+  (max, sum of exps, target logit) each way, and it makes no [tokens, vocab]
+  tensor.
+- No property without the work (``with_the_work``): a check of what code never
+  does (hold, save or make a tensor that large; gather the logits) credits a
+  case only when its output and gradients are also right.
 
 World sizes 2 and 4; every case of a world size runs in one ``course.dist``
 job, shared by the checks. Both tiers grade the same way (gloo, tiny sizes).
 """
 import pytest
 
-from autograder.grading.checking import expect_array
+from autograder.grading.checking import expect_array, with_the_work
 from autograder.grading.submission import failure_from
 
 WORLD_SIZES = (2, 4)
@@ -217,6 +227,7 @@ LAYERS = {"column": "ColumnParallelLinear", "row": "RowParallelLinear", "mlp": "
 def check_no_rank_holds_a_full_weight(submission):
     """No tensor a module holds, or saves for backward, is as large as a full weight matrix of the layer"""
     for name, what in LAYERS.items():
+        with_the_work(f"the memory audit of {what}", lambda: _expect_dense(submission, name, what))
         for t, case in _case(submission, name).items():
             for rank, record in enumerate(case["ranks"]):
                 limit = record["limit"]
@@ -276,3 +287,47 @@ def check_vocab_parallel_cross_entropy(submission):
     _expect_dense(submission, "cross_entropy", "vocab_parallel_cross_entropy (vocab 24)",
                   "; max, sum of exp and the target's logit are each all-reduced; the gradient is "
                   "(softmax - one_hot(target)) / number of tokens on this rank's slice")
+
+
+def _expect_made_below(what, t, rank, record, limit, of):
+    elements, shape = record["made"]
+    assert elements < limit, (
+        f"{what} on {t} ranks, rank {rank}: it makes a tensor of shape {tuple(shape)} ({elements} elements); "
+        f"the whole {of} is {limit} elements, and no rank makes a tensor that large, even for a moment")
+
+
+@pytest.mark.points(1)
+def check_vocab_parallel_embedding_looks_up_locally(submission):
+    """VocabParallelEmbedding: a local lookup, one all-reduce of s*b*h, none backward; never a table-sized tensor"""
+    what = "VocabParallelEmbedding(24, 32)"
+    with_the_work("the audit of the embedding's collectives and sizes",
+                  lambda: _expect_dense(submission, "embedding", what))
+    for t, case in _case(submission, "embedding").items():
+        for rank, record in enumerate(case["ranks"]):
+            want = {"forward": [["all_reduce", record["activation"]]], "backward": []}
+            for phase, expected in want.items():
+                got = record["dispatched"][phase]
+                assert got == expected, (
+                    f"{what} on {t} ranks, rank {rank}, {phase}: collectives {got or 'none'} ([kind, elements]), "
+                    f"expected {expected or 'none'}: look up the ids in this rank's rows (zero rows for the "
+                    "others' ids) and all-reduce the [s, b, h] result once (g); its backward is the identity")
+            _expect_made_below(what, t, rank, record, record["limit"], "[vocab, hidden] table")
+
+
+@pytest.mark.points(2)
+def check_vocab_parallel_cross_entropy_sends_per_token_values(submission):
+    """vocab_parallel_cross_entropy: only all-reduces of <= 3 values per token each way; no [tokens, vocab] tensor"""
+    what = "vocab_parallel_cross_entropy (vocab 24)"
+    with_the_work("the audit of the cross-entropy's collectives and sizes",
+                  lambda: _expect_dense(submission, "cross_entropy", what))
+    for t, case in _case(submission, "cross_entropy").items():
+        for rank, record in enumerate(case["ranks"]):
+            most = 3 * record["tokens"]
+            for phase, got in record["dispatched"].items():
+                moved = sum(n for _, n in got)
+                assert all(kind == "all_reduce" for kind, _ in got) and moved <= most, (
+                    f"{what} on {t} ranks, rank {rank}, {phase}: collectives {got} ([kind, elements]); only "
+                    f"per-token values cross ranks, by all-reduce: the max, the sum of exps and the target's logit, "
+                    f"at most {most} elements in all ({record['tokens']} tokens; two of them may share one "
+                    "all-reduce). Gathering the logits defeats the vocabulary split")
+            _expect_made_below(what, t, rank, record, record["limit"], "[tokens, vocab] logit matrix")

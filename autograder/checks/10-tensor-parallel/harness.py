@@ -21,7 +21,11 @@ sequence shard and call ``allreduce_sequence_parallel_grads`` after backward.
 It also records the largest tensor reachable from the student's module and
 the largest tensor saved for backward during its forward
 (``saved_tensors_hooks``), next to the element count of the smallest full
-weight matrix of that layer.
+weight matrix of that layer. ``course.torch_audit.OpLog`` watches every
+operator the student's forward and backward run (modules and the
+cross-entropy): the largest tensor any of them makes, factories included, kept
+or not, and the collectives as torch's process group sees them (whichever API
+called them).
 
 Each rank writes a file per case as soon as it is done (``save_record``), so
 when a rank raises or the job hangs the first unfinished case is reported and
@@ -392,8 +396,19 @@ def _module_setup(student, name, rank, t):
     raise KeyError(name)
 
 
+def _made(ops):
+    """What the operators ``ops`` (an OpLog) saw: the largest tensor made, as [elements,
+    shape], and each phase's collectives [[kind, elements], ...] in order."""
+    return {"made": [ops.largest[0], list(ops.largest[1])],
+            "dispatched": {phase: [[kind, n] for kind, n, p in ops.events
+                                   if p == phase and kind not in ("compute", "wait")]
+                           for phase in ("forward", "backward")}}
+
+
 def _module_case(student, name, rank, t, log):
     import torch
+
+    from course.torch_audit import OpLog
 
     torch.manual_seed(SEED + CASES.index(name))
     mod, dense, bound, x, upstream, in_index, out_index, sync, limit = _module_setup(student, name, rank, t)
@@ -402,13 +417,15 @@ def _module_case(student, name, rank, t, log):
     y_dense = dense(x_dense)
     y_dense.backward(upstream)
     x_mine = x[in_index].clone().requires_grad_(differentiable)
-    with SavedWatch() as saved, log.phase("forward"):
+    upstream_mine = upstream[out_index]
+    ops = OpLog()  # entered around the student's passes only: the grader's own tensors are not counted
+    with SavedWatch() as saved, log.phase("forward"), ops, ops.phase("forward"):
         y = mod(x_mine)
     want = y_dense[out_index]
     arrays = {"output": (_np(y), _np(want))}
     if isinstance(y, torch.Tensor) and y.shape == want.shape and y.requires_grad:
-        with log.phase("backward"):
-            y.backward(upstream[out_index])
+        with log.phase("backward"), ops, ops.phase("backward"):
+            y.backward(upstream_mine)
         if sync is not None:
             with log.phase("sync"):
                 sync(mod)
@@ -420,11 +437,13 @@ def _module_case(student, name, rank, t, log):
     return {"arrays": arrays, "held": held, "held_at": path, "saved": saved.largest[0],
             "saved_shape": list(saved.largest[1]), "limit": limit,
             "forward": tally(log.calls, "forward"), "backward": tally(log.calls, "backward"),
-            "activation": SEQ * BATCH * HIDDEN}
+            "activation": SEQ * BATCH * HIDDEN, **_made(ops)}
 
 
 def _cross_entropy_case(student, rank, t, log):
     import torch
+
+    from course.torch_audit import OpLog
 
     torch.manual_seed(SEED + CASES.index("cross_entropy"))
     logits = torch.randn(SEQ, BATCH, VOCAB) * 3
@@ -434,14 +453,15 @@ def _cross_entropy_case(student, rank, t, log):
     want.backward()
     mine = (Ellipsis, _part(VOCAB, rank, t))
     local = logits[mine].clone().requires_grad_()
-    with log.phase("forward"):
+    ops = OpLog()
+    with log.phase("forward"), ops, ops.phase("forward"):
         loss = student.vocab_parallel_cross_entropy(local, target)
     arrays = {"loss": (_np(loss), _np(want))}
     if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad:
-        with log.phase("backward"):
+        with log.phase("backward"), ops, ops.phase("backward"):
             loss.reshape(()).backward()
         arrays["gradient of the local logits"] = (_np(local.grad), _np(dense.grad[mine]))
-    return {"arrays": arrays}
+    return {"arrays": arrays, "tokens": SEQ * BATCH, "limit": SEQ * BATCH * VOCAB, **_made(ops)}
 
 
 def _raises_case(build, expect_error):

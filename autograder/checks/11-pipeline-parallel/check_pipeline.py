@@ -17,8 +17,11 @@ compute them, so that no released file holds the lab's schedules or simulator:
   not the cut).
 - The executor: single-process training of the whole float64 MLP on the
   concatenated batch with the mean loss (computed in the job, see harness.py);
-  every gradient and the loss must agree to 1e-10. Its GPipe and 1F1B op lists
-  are a table (``oracles.EXECUTOR_SCHEDULES``).
+  every gradient and the loss must agree to 1e-10. Its GPipe, 1F1B and
+  shuffled op lists are a table (``oracles.EXECUTOR_SCHEDULES``). Its
+  point-to-point messages, recorded as each rank posts them, must follow the
+  op lists (``oracles.message_problem``): one microbatch each, each send the
+  output or input gradient (by its data) of the op whose turn it is.
 
 The hidden checks (``check_pipeline_hidden.py``, not in the student repository)
 time the student's schedules with the grader's own simulator against the closed
@@ -35,7 +38,7 @@ import random
 
 import pytest
 
-from autograder.grading.checking import load_beside
+from autograder.grading.checking import load_beside, with_the_work
 from autograder.grading.submission import failure_from, not_implemented_yet
 
 oracles = load_beside(__file__, "oracles")
@@ -266,7 +269,7 @@ def check_partition_with_device_speeds(submission):
 
 WORLD_SIZES = (2, 4)
 MICROBATCHES = 4
-EXECUTOR_CASES = ("gpipe", "1f1b")
+EXECUTOR_CASES = ("gpipe", "1f1b", "shuffled")
 TOLERANCE = 1e-10
 
 
@@ -299,22 +302,27 @@ def _executor_outcomes(submission, name):
     return found
 
 
+def _expect_outcome_matches(name, n, outcome):
+    """Every gradient of the run and the last rank's loss equal single-process training."""
+    what = f"run_pipeline with the check's {name} ops, {MICROBATCHES} microbatches, on {n} ranks"
+    for rank, record in enumerate(outcome["ranks"]):
+        for param, error in record["errors"]:
+            assert error is not None, (f"{what}: rank {rank}'s {param} has no gradient after run_pipeline "
+                                       "(backward never reached it?)")
+            assert error <= TOLERANCE, (
+                f"{what}: rank {rank}'s {param}.grad differs from single-process training on the whole batch "
+                f"(mean loss) by {error:.3g}; expected at most {TOLERANCE:g}. Did the last rank divide each "
+                "microbatch's loss by m, and did every B backpropagate the gradient received from rank+1?")
+    last = outcome["ranks"][-1]
+    loss = last["loss"]
+    assert isinstance(loss, float) and math.isclose(loss, last["oracle_loss"], rel_tol=TOLERANCE), (
+        f"{what}: the last rank returned the loss {loss!r}, expected the mean loss {last['oracle_loss']:.12g} "
+        "(single process, whole batch)")
+
+
 def _expect_single_process(submission, name):
     for n, outcome in _executor_outcomes(submission, name).items():
-        what = f"run_pipeline with the check's {name} ops, {MICROBATCHES} microbatches, on {n} ranks"
-        for rank, record in enumerate(outcome["ranks"]):
-            for param, error in record["errors"]:
-                assert error is not None, (f"{what}: rank {rank}'s {param} has no gradient after run_pipeline "
-                                           "(backward never reached it?)")
-                assert error <= TOLERANCE, (
-                    f"{what}: rank {rank}'s {param}.grad differs from single-process training on the whole batch "
-                    f"(mean loss) by {error:.3g}; expected at most {TOLERANCE:g}. Did the last rank divide each "
-                    "microbatch's loss by m, and did every B backpropagate the gradient received from rank+1?")
-        last = outcome["ranks"][-1]
-        loss = last["loss"]
-        assert isinstance(loss, float) and math.isclose(loss, last["oracle_loss"], rel_tol=TOLERANCE), (
-            f"{what}: the last rank returned the loss {loss!r}, expected the mean loss {last['oracle_loss']:.12g} "
-            "(single process, whole batch)")
+        _expect_outcome_matches(name, n, outcome)
 
 
 @pytest.mark.points(2)
@@ -327,3 +335,18 @@ def check_executor_gpipe_matches_single_process(submission):
 def check_executor_1f1b_matches_single_process(submission):
     """run_pipeline with 1F1B ops: every gradient and the loss equal single-process training (2 and 4 ranks)"""
     _expect_single_process(submission, "1f1b")
+
+
+@pytest.mark.points(2)
+def check_executor_follows_the_schedule(submission):
+    """run_pipeline's sends and receives follow its ops (GPipe, 1F1B, shuffled): one microbatch each, in that order"""
+    for name in EXECUTOR_CASES:
+        for n, outcome in _executor_outcomes(submission, name).items():
+            with_the_work("the audit of its messages", lambda: _expect_outcome_matches(name, n, outcome))
+            problem = oracles.message_problem(oracles.executor_schedule(name, n),
+                                              [record["messages"] for record in outcome["ranks"]],
+                                              outcome["ranks"][0]["activation_shape"])
+            assert problem is None, (
+                f"run_pipeline with the check's {name} ops on {n} ranks: {problem}. Each op is one microbatch: "
+                "F receives from rank - 1 and sends to rank + 1, B receives from rank + 1 and sends to rank - 1, "
+                "in the order of ops")

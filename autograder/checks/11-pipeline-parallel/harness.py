@@ -17,16 +17,21 @@ oracle, computed on every rank before the student's code runs: the whole
 model in one process on the concatenated batch, mean squared error, one
 backward; its gradients of this rank's layers and its loss. Each rank records
 the largest difference of every gradient and, on the last rank, the loss
-``run_pipeline`` returned. A rank writes a file per case as soon as it is
-done, so after a hang the files say which case it was; the cases after it are
-not run (they use the same code and would hang as long), see
-``autograder.grading.checking.run_cases``.
+``run_pipeline`` returned. It also records, in the order they were posted,
+the point-to-point messages ``run_pipeline`` sent and received
+(``course.torch_audit.MessageLog``: peer, tag, shape), each send named by what
+its data is: the oracle's output of this stage for microbatch mb ("F", mb) or
+its gradient of this stage's input ("B", mb), or None when it is neither. A
+rank writes a file per case as soon as it is done, so after a hang the files
+say which case it was; the cases after it are not run (they use the same code
+and would hang as long), see ``autograder.grading.checking.run_cases``.
 """
 from autograder.grading.checking import TooLong, plain, rank_records, run_cases, save_record, within
 from course import dist as launcher
 
 DIMS = (5, 8, 8, 8, 8, 8, 8, 8, 3)  # 8 Linear layers; every stage boundary carries width 8
 MICROBATCH_ROWS = 3
+ACTIVATION_SHAPE = (MICROBATCH_ROWS, DIMS[1])  # one microbatch at any stage boundary
 SEED = 1101
 # A correct job of 4 processes takes 3-6 s on 2 busy cores; a deadlock is stopped sooner, once the job idles.
 JOB_TIMEOUT_S = 30
@@ -120,19 +125,43 @@ def _batch(microbatches):
 
 
 def _oracle(rank, n, microbatches):
-    """This rank's layers' gradients {name: tensor} and the loss, training the whole model in one process."""
+    """Training the whole model in one process: this rank's layers' gradients (in
+    parameter order), the loss, and per microbatch the stage's output and the
+    gradient of its input (what the rank sends forward and back)."""
     import torch
 
-    model = torch.nn.Sequential(*[m for block in _layers() for m in block])
+    blocks = _layers()
     xs, ys = _batch(microbatches)
-    loss = torch.nn.functional.mse_loss(model(torch.cat(xs)), torch.cat(ys))
+    per = len(blocks) // n
+    h, boundaries = torch.cat(xs), []  # boundaries[s]: the input of stage s (s >= 1)
+    for s in range(n):
+        if s:
+            h.retain_grad()
+            boundaries.append(h)
+        h = torch.nn.Sequential(*[m for block in blocks[s * per:(s + 1) * per] for m in block])(h)
+    loss = torch.nn.functional.mse_loss(h, torch.cat(ys))
     loss.backward()
-    stage, per = _stage(rank, n)
-    # The stage's Sequential renumbers its modules: match parameters by position.
-    first = sum(len(block) for block in _layers()[:rank * per])
-    mine = [p.grad for name, p in model.named_parameters()
-            if first <= int(name.split(".")[0]) < first + len(stage)]
-    return mine, float(loss)
+    grads = [p.grad for block in blocks[rank * per:(rank + 1) * per] for m in block for p in m.parameters()]
+    rows = MICROBATCH_ROWS
+    sent_forward = boundaries[rank].detach().split(rows) if rank < n - 1 else ()
+    sent_backward = boundaries[rank - 1].grad.split(rows) if rank > 0 else ()
+    return grads, float(loss), sent_forward, sent_backward
+
+
+def _carries(message, rank, sent_forward, sent_backward):
+    """What a send's data is: ["F", mb] (this stage's output of microbatch mb, sent to
+    rank + 1), ["B", mb] (the gradient of its input, to rank - 1), or None."""
+    import torch
+
+    candidates = {rank + 1: ("F", sent_forward), rank - 1: ("B", sent_backward)}.get(message["peer"])
+    if candidates is None:
+        return None
+    kind, tensors = candidates
+    for mb, want in enumerate(tensors):
+        data = message["data"]
+        if data.shape == want.shape and torch.allclose(data.to(want.dtype), want, rtol=1e-9, atol=1e-12):
+            return [kind, mb]
+    return None
 
 
 def rank_side(cases, folder):
@@ -141,23 +170,28 @@ def rank_side(cases, folder):
     import torch.distributed as tdist
 
     import pipeline as student
+    from course.torch_audit import MessageLog
 
     rank, n = tdist.get_rank(), tdist.get_world_size()
     for name, schedule in cases:
         microbatches = 1 + max(op[1] for op in schedule[0])
-        want, oracle_loss = _oracle(rank, n, microbatches)
+        want, oracle_loss, sent_forward, sent_backward = _oracle(rank, n, microbatches)
         stage, _ = _stage(rank, n)
         xs, ys = _batch(microbatches)
         record = {"status": "ok"}
         try:
-            loss = student.run_pipeline(stage, [tuple(op) for op in schedule[rank]], xs, ys,
-                                        torch.nn.functional.mse_loss, (MICROBATCH_ROWS, DIMS[1]),
-                                        dtype=torch.float64)
+            with MessageLog() as log:
+                loss = student.run_pipeline(stage, [tuple(op) for op in schedule[rank]], xs, ys,
+                                            torch.nn.functional.mse_loss, ACTIVATION_SHAPE, dtype=torch.float64)
             errors = []
             for (param_name, param), grad in zip(stage.named_parameters(), want):
                 label = f"stage_module.{param_name}"
                 errors.append((label, None if param.grad is None else float((param.grad - grad).abs().max())))
-            record.update(errors=errors, loss=plain(loss), oracle_loss=oracle_loss)
+            messages = [{"kind": m["kind"], "peer": m["peer"], "tag": plain(m["tag"]), "shape": list(m["shape"]),
+                         "carries": _carries(m, rank, sent_forward, sent_backward) if m["kind"] == "send" else None}
+                        for m in log.messages]
+            record.update(errors=errors, loss=plain(loss), oracle_loss=oracle_loss, messages=messages,
+                          activation_shape=list(ACTIVATION_SHAPE))
         except NotImplementedError as exc:  # a stub raises on every rank before any message
             record = {"status": "not_implemented", "message": str(exc)}
         tdist.barrier()  # no case's stray message can reach the next one

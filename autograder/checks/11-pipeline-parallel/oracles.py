@@ -20,8 +20,13 @@
   agree with, and it gives the best time, not the cut).
 - ``random_schedule``: a valid schedule in a random order (a random topological
   order of the ops, cut into the devices' lists): inputs, not answers.
-- ``executor_schedules``: the GPipe and 1F1B op lists the executor runs (p = 2
-  and 4, m = 4), written out as a table.
+- ``executor_schedules``: the GPipe, 1F1B and a shuffled valid order's op lists
+  the executor runs (p = 2 and 4, m = 4), written out as a table.
+- ``message_problem``: do an executor's point-to-point messages, as each rank
+  posted them, follow the op lists it was given (one microbatch each, in the
+  ops' order)? Each receive gets the oldest unmatched send from its source
+  with its tag, as gloo matches them, so what a receive carried is what that
+  send's data was.
 
 The oracles that compute the lab's answers (the grader's own schedules and
 simulator) are in ``oracles_hidden.py``, which only the hidden checks use.
@@ -207,9 +212,123 @@ EXECUTOR_SCHEDULES = {
     ("1f1b", 2): ["F0 F1 B0 F2 B1 F3 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"],
     ("1f1b", 4): ["F0 F1 F2 F3 B0 B1 B2 B3", "F0 F1 F2 B0 F3 B1 B2 B3", "F0 F1 B0 F2 B1 F3 B2 B3",
                   "F0 B0 F1 B1 F2 B2 F3 B3"],
+    # Valid, neither GPipe nor 1F1B, microbatches out of order: an executor that runs its own
+    # schedule, or numbers the microbatches itself, sends them in another order.
+    ("shuffled", 2): ["F2 F0 F3 B2 B0 F1 B3 B1", "F2 B2 F0 B0 F3 B3 F1 B1"],
+    ("shuffled", 4): ["F2 F0 F3 F1 B2 B0 B3 B1", "F2 F0 F3 F1 B2 B0 B3 B1", "F2 F0 F3 B2 B0 F1 B3 B1",
+                      "F2 B2 F0 B0 F3 B3 F1 B1"],
 }
 
 
 def executor_schedule(kind, p):
     """The ``kind`` schedule of ``EXECUTOR_SCHEDULES`` on ``p`` devices, as op lists."""
     return [[(word[0], int(word[1:]), d) for word in ops.split()] for d, ops in enumerate(EXECUTOR_SCHEDULES[kind, p])]
+
+
+# --- the executor's messages ------------------------------------------------------------------
+
+def expected_messages(ops, rank, p):
+    """(op index, "send" or "recv", peer, (kind, mb)) for what ``rank`` of ``p`` posts for its
+    ``ops``, in order: F(mb) receives mb's activation from rank - 1 and sends its output to
+    rank + 1; B(mb) receives the gradient of its output from rank + 1 and sends the gradient
+    of its input to rank - 1 (the first and last ranks skip the messages they have no peer for)."""
+    events = []
+    for i, (kind, mb, _) in enumerate(ops):
+        source, target = (rank - 1, rank + 1) if kind == "F" else (rank + 1, rank - 1)
+        if 0 <= source < p:
+            events.append((i, "recv", source, (kind, mb)))
+        if 0 <= target < p:
+            events.append((i, "send", target, (kind, mb)))
+    return events
+
+
+NOUN = {"send": "send", "recv": "receive"}
+
+
+def _message_text(direction, peer, carries):
+    """A message in words: F2 to rank 1 (microbatch 2's activation), B0 from rank 2 (a gradient)."""
+    return f"{carries[0]}{carries[1]} {'to' if direction == 'send' else 'from'} rank {peer}"
+
+
+def _received(messages):
+    """(per rank, (direction, peer, (kind, mb)) for each message in posting order, None), a
+    receive's (kind, mb) being that of the send it matches; or (None, the problem that stops it)."""
+    sent = {}  # (source, destination, tag) -> what its sends carried, oldest first
+    for r, posted in enumerate(messages):
+        for m in posted:
+            if m["kind"] == "send":
+                sent.setdefault((r, m["peer"], m["tag"]), []).append(m["carries"])
+    found = []
+    for r, posted in enumerate(messages):
+        events = []
+        for k, m in enumerate(posted):
+            if m["kind"] == "send":
+                carries = m["carries"]
+                if carries is None:
+                    return None, (f"rank {r}'s message {k + 1} sends rank {m['peer']} (tag {m['tag']}) a tensor "
+                                  "that is neither its stage's output for a microbatch (to rank + 1) nor the gradient "
+                                  "of its input (to rank - 1)")
+            else:
+                if m["peer"] is None:
+                    return None, (f"rank {r}'s message {k + 1} receives from any source; receive from the neighbour "
+                                  "the op's input comes from (rank - 1 for F, rank + 1 for B)")
+                queue = sent.get((m["peer"], r, m["tag"]))
+                if not queue:
+                    return None, (f"rank {r}'s message {k + 1} receives from rank {m['peer']} with tag {m['tag']}, "
+                                  "but that rank sends it no message (or no more) with that tag")
+                carries = queue.pop(0)
+            events.append((m["kind"], m["peer"], tuple(carries)))
+        found.append(events)
+    return found, None
+
+
+def message_problem(schedule, messages, shape):
+    """None when the messages each rank posted (``messages[r]``: dicts "kind" ("send" or
+    "recv"), "peer", "tag", "shape" and, for a send, "carries": ["F" or "B", mb] its data
+    is, or None) follow ``schedule`` (``schedule[r]``: rank r's ops); else what is wrong.
+
+    Every message is one microbatch's (``shape``). Per rank, the sends are those of
+    ``expected_messages`` in that order, and so are the receives. A receive may be
+    posted early, with the previous op's send (as ``batch_isend_irecv`` posts a send and
+    the next receive together), not before an earlier op's send; and never after the
+    send of its own op or a later one (its op runs before them)."""
+    for r, posted in enumerate(messages):
+        for k, m in enumerate(posted):
+            if tuple(m["shape"]) != tuple(shape):
+                return (f"rank {r}'s message {k + 1} ({m['kind']} {'to' if m['kind'] == 'send' else 'from'} rank "
+                        f"{m['peer']}) has shape {tuple(m['shape'])}; every message is one microbatch's activation "
+                        f"or gradient, {tuple(shape)}")
+    found, problem = _received(messages)
+    if problem:
+        return problem
+    p = len(schedule)
+    for r, ops in enumerate(schedule):
+        ops = [tuple(op) for op in ops]
+        listed = " ".join(f"{kind}{mb}" for kind, mb, _ in ops)
+        want, got = expected_messages(ops, r, p), found[r]
+        for direction in ("send", "recv"):
+            w = [(peer, what) for _, d, peer, what in want if d == direction]
+            g = [(peer, what) for d, peer, what in got if d == direction]
+            if w != g:
+                first = next(i for i in range(max(len(w), len(g))) if i >= len(w) or i >= len(g) or w[i] != g[i])
+                came = _message_text(direction, *g[first]) if first < len(g) else "nothing more"
+                expected = _message_text(direction, *w[first]) if first < len(w) else "nothing more"
+                every = ", ".join(_message_text(direction, *e) for e in g) or "nothing"
+                return (f"rank {r} (ops {listed}): its {NOUN[direction]} number {first + 1} is {came}, expected "
+                        f"{expected} (in all it {NOUN[direction]}s {every})")
+        index = {(kind, mb): i for i, (kind, mb, _) in enumerate(ops)}
+        for k, (direction, peer, what) in enumerate(got):
+            if direction != "recv":
+                continue
+            j = index[what]
+            later = next((e for e in got[:k] if e[0] == "send" and index[e[2]] >= j), None)
+            if later:
+                return (f"rank {r} (ops {listed}) sends {_message_text(*later)} before it receives "
+                        f"{_message_text(direction, peer, what)}, whose op comes first in its ops: run the ops "
+                        "in the order given")
+            earlier = next((e for e in got[k + 1:] if e[0] == "send" and index[e[2]] < j - 1), None)
+            if earlier:
+                return (f"rank {r} (ops {listed}) receives {_message_text(direction, peer, what)} before it sends "
+                        f"{_message_text(*earlier)}, more than one op ahead of its ops' order: a receive may go "
+                        "out with the previous op's send, not earlier")
+    return None
