@@ -82,6 +82,8 @@ def run(target, n: int, *args, timeout: float = 60, backend: str = "auto", idle_
         start = time.monotonic()
         env = worker_env()
         env.update(WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n), MASTER_ADDR=HOST)
+        # Its first count, before any rank starts, is what was there already: not the job's.
+        wire = _Wire(Path(folder), n) if count_wire else None
         with open(log, "wb") as out:
             # A session of its own, which the ranks share: killing it (and what
             # they started) cannot touch the caller.
@@ -93,7 +95,6 @@ def run(target, n: int, *args, timeout: float = 60, backend: str = "auto", idle_
                 forker = subprocess.Popen([sys.executable, "-m", "course.dist", folder, str(n)], env=env,
                                           stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                           start_new_session=True)
-            wire = _Wire(Path(folder), n) if count_wire else None
             try:
                 stopped, codes = _wait(forker, Path(folder), n, start + timeout, idle_timeout, wire)
             finally:
@@ -308,7 +309,7 @@ class _Wire:
         self.seen = None if self.why_not else wire.Connections()
         self.marks = []  # (name, bytes sent by then)
         self.counted = False
-        self.sample()  # what was there before the job is not the job's
+        self.sample()  # what was there before the job (made before any rank starts) is not the job's
 
     def sample(self) -> None:
         if self.seen is None or self.counted:

@@ -38,6 +38,8 @@ import pytest
 
 from autograder.grading.checking import expect_array, with_the_work
 from autograder.grading.submission import failure_from
+from autograder.grading.traffic import expect_crossed
+from course.wire import gloo_bytes, gloo_messages
 
 WORLD_SIZES = (2, 4)
 RTOL, ATOL = 1e-9, 1e-10
@@ -187,8 +189,15 @@ def check_transformer_layer_sequence_parallel(submission):
 
 # --- 4. communication per layer -----------------------------------------------------------------
 
-def _expect_collectives(submission, name, what, want, why):
+def _expect_collectives(submission, name, what, want, why, wire):
+    """The collectives the in-process log saw (``want``, per rank and pass), and what the
+    kernel counted crossing in each pass: ``wire(t, s*b*h)`` = (bytes, messages, pattern)."""
     for t, case in _case(submission, name).items():
+        nbytes, messages, pattern = wire(t, 8 * case["ranks"][0]["activation"])  # float64
+        for phase in ("forward", "backward"):
+            logged = nbytes if all(record[phase] for record in case["ranks"]) else 0  # the log saw collectives
+            expect_crossed(submission, case["wire"], phase, nbytes, messages, f"{what} on {t} ranks, {phase}",
+                           pattern, logged=logged)
         for rank, record in enumerate(case["ranks"]):
             expected = {kind.replace("N", str(record["activation"])): n for kind, n in want.items()}
             for phase in ("forward", "backward"):
@@ -203,7 +212,9 @@ def check_tensor_parallel_layer_collectives(submission):
     """A tensor-parallel layer makes exactly 2 all-reduces of s*b*h elements in forward and 2 in backward"""
     _expect_collectives(submission, "layer_tp", "ParallelTransformerLayer", {"all-reduce of N": 2},
                         "forward: g after attention's out and after fc2; backward: f before q/k/v (applied once "
-                        "for all three) and before fc1")
+                        "for all three) and before fc1",
+                        lambda t, n: (2 * gloo_bytes("all_reduce", n, t), 2 * gloo_messages("all_reduce", t),
+                                      "2 all-reduces of s*b*h"))
 
 
 @pytest.mark.points(2)
@@ -212,7 +223,11 @@ def check_sequence_parallel_layer_collectives(submission):
     _expect_collectives(submission, "layer_sp", "ParallelTransformerLayer(sequence_parallel=True)",
                         {"all-gather of N": 2, "reduce-scatter of N": 2},
                         "each all-reduce becomes a reduce-scatter plus an all-gather of the same volume: gather "
-                        "the sequence once before q/k/v and once before fc1, reduce-scatter after out and fc2")
+                        "the sequence once before q/k/v and once before fc1, reduce-scatter after out and fc2",
+                        lambda t, n: (2 * gloo_bytes("all_gather", n // t, t) + 2 * gloo_bytes("reduce_scatter", n, t),
+                                      2 * gloo_messages("all_gather", t) + 2 * gloo_messages("reduce_scatter", t),
+                                      "2 all-gathers and 2 reduce-scatters of s*b*h (gloo's moves an all-reduce's "
+                                      "bytes)"))
 
 
 # --- 5. memory: no full weight anywhere ------------------------------------------------------------
@@ -312,6 +327,11 @@ def check_vocab_parallel_embedding_looks_up_locally(submission):
                     f"expected {expected or 'none'}: look up the ids in this rank's rows (zero rows for the "
                     "others' ids) and all-reduce the [s, b, h] result once (g); its backward is the identity")
             _expect_made_below(what, t, rank, record, record["limit"], "[vocab, hidden] table")
+        nbytes = 8 * case["ranks"][0]["activation"]
+        for phase, want in (("forward", gloo_bytes("all_reduce", nbytes, t)), ("backward", 0)):
+            expect_crossed(submission, case["wire"], phase, want, gloo_messages("all_reduce", t) if want else 0,
+                           f"{what} on {t} ranks, {phase}", "one all-reduce of s*b*h forward, nothing backward",
+                           logged=want)
 
 
 @pytest.mark.points(2)
@@ -331,3 +351,9 @@ def check_vocab_parallel_cross_entropy_sends_per_token_values(submission):
                     f"at most {most} elements in all ({record['tokens']} tokens; two of them may share one "
                     "all-reduce). Gathering the logits defeats the vocabulary split")
             _expect_made_below(what, t, rank, record, record["limit"], "[tokens, vocab] logit matrix")
+        tokens = 8 * case["ranks"][0]["tokens"]  # one float64 per token
+        for phase, least in (("forward", 2), ("backward", 0)):
+            expect_crossed(submission, case["wire"], phase, least * gloo_bytes("all_reduce", tokens, t),
+                           3 * gloo_messages("all_reduce", t), f"{what} on {t} ranks, {phase}",
+                           "all-reduces of per-token values (at most 3 per token)",
+                           most=3 * gloo_bytes("all_reduce", tokens, t))

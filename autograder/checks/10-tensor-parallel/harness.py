@@ -37,6 +37,7 @@ import functools
 import inspect
 
 from autograder.grading.checking import rank_records, run_cases, save_record
+from autograder.grading.traffic import crossed_in_phases
 from course import dist as launcher
 
 SEED = 2026
@@ -419,13 +420,17 @@ def _module_case(student, name, rank, t, log):
     x_mine = x[in_index].clone().requires_grad_(differentiable)
     upstream_mine = upstream[out_index]
     ops = OpLog()  # entered around the student's passes only: the grader's own tensors are not counted
+    launcher.mark(f"{name}:start")  # what each pass sends, counted by the launcher
     with SavedWatch() as saved, log.phase("forward"), ops, ops.phase("forward"):
         y = mod(x_mine)
+    launcher.mark(f"{name}:forward")
     want = y_dense[out_index]
     arrays = {"output": (_np(y), _np(want))}
     if isinstance(y, torch.Tensor) and y.shape == want.shape and y.requires_grad:
         with log.phase("backward"), ops, ops.phase("backward"):
             y.backward(upstream_mine)
+    launcher.mark(f"{name}:backward")
+    if isinstance(y, torch.Tensor) and y.shape == want.shape and y.requires_grad:
         if sync is not None:
             with log.phase("sync"):
                 sync(mod)
@@ -454,12 +459,17 @@ def _cross_entropy_case(student, rank, t, log):
     mine = (Ellipsis, _part(VOCAB, rank, t))
     local = logits[mine].clone().requires_grad_()
     ops = OpLog()
+    launcher.mark("cross_entropy:start")
     with log.phase("forward"), ops, ops.phase("forward"):
         loss = student.vocab_parallel_cross_entropy(local, target)
+    launcher.mark("cross_entropy:forward")
     arrays = {"loss": (_np(loss), _np(want))}
-    if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad:
+    backward = isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad
+    if backward:
         with log.phase("backward"), ops, ops.phase("backward"):
             loss.reshape(()).backward()
+    launcher.mark("cross_entropy:backward")
+    if backward:
         arrays["gradient of the local logits"] = (_np(local.grad), _np(dense.grad[mine]))
     return {"arrays": arrays, "tokens": SEQ * BATCH, "limit": SEQ * BATCH * VOCAB, **_made(ops)}
 
@@ -518,7 +528,14 @@ def rank_side(names, t_expected, folder):
 def cases_job(t, names=CASES):
     """{case: outcome} for ``t`` ranks; see the module docstring."""
     # gloo on both tiers: the model is tiny and its tensors live on the CPU.
-    start = lambda pending, folder: launcher.run(f"{__file__}:rank_side", t, list(pending), t, folder,  # noqa: E731
-                                                 timeout=JOB_TIMEOUT_S, backend="gloo",
-                                                 idle_timeout=launcher.IDLE_TIMEOUT_S)
-    return run_cases(start, names, t, rank_records)
+    jobs = []
+
+    def start(pending, folder):
+        jobs.append(launcher.run(f"{__file__}:rank_side", t, list(pending), t, folder, timeout=JOB_TIMEOUT_S,
+                                 backend="gloo", idle_timeout=launcher.IDLE_TIMEOUT_S, count_wire=True))
+        return jobs[-1]
+
+    outcomes = run_cases(start, names, t, rank_records)
+    for name, outcome in outcomes.items():
+        outcome["wire"] = crossed_in_phases(jobs, name, ("forward", "backward"))
+    return outcomes

@@ -40,6 +40,7 @@ import pytest
 
 from autograder.grading.checking import load_beside, with_the_work
 from autograder.grading.submission import failure_from, not_implemented_yet
+from autograder.grading.traffic import expect_crossed
 
 oracles = load_beside(__file__, "oracles")
 validate, op_text = oracles.validate, oracles.op_text
@@ -350,3 +351,10 @@ def check_executor_follows_the_schedule(submission):
                 f"run_pipeline with the check's {name} ops on {n} ranks: {problem}. Each op is one microbatch: "
                 "F receives from rank - 1 and sends to rank + 1, B receives from rank + 1 and sends to rank - 1, "
                 "in the order of ops")
+            # What crossed, as the kernel counted it: each microbatch's activation forward and gradient back
+            # over every stage boundary, and nothing else.
+            schedule = oracles.executor_schedule(name, n)
+            messages = 2 * (n - 1) * (1 + max(op[1] for op in schedule[0]))
+            expect_crossed(submission, outcome["wire"], "steps", messages * 8 * math.prod(
+                outcome["ranks"][0]["activation_shape"]), messages, f"run_pipeline with the {name} ops on {n} ranks",
+                "one activation forward and one gradient back per microbatch and stage boundary")

@@ -27,6 +27,7 @@ say which case it was; the cases after it are not run (they use the same code
 and would hang as long), see ``autograder.grading.checking.run_cases``.
 """
 from autograder.grading.checking import TooLong, plain, rank_records, run_cases, save_record, within
+from autograder.grading.traffic import crossed_in_phases
 from course import dist as launcher
 
 DIMS = (5, 8, 8, 8, 8, 8, 8, 8, 3)  # 8 Linear layers; every stage boundary carries width 8
@@ -180,9 +181,11 @@ def rank_side(cases, folder):
         xs, ys = _batch(microbatches)
         record = {"status": "ok"}
         try:
+            launcher.mark(f"{name}:start")  # what the executor sends, counted by the launcher
             with MessageLog() as log:
                 loss = student.run_pipeline(stage, [tuple(op) for op in schedule[rank]], xs, ys,
                                             torch.nn.functional.mse_loss, ACTIVATION_SHAPE, dtype=torch.float64)
+            launcher.mark(f"{name}:steps")
             errors = []
             for (param_name, param), grad in zip(stage.named_parameters(), want):
                 label = f"stage_module.{param_name}"
@@ -202,7 +205,15 @@ def rank_side(cases, folder):
 def executor_job(n, cases, timeout=JOB_TIMEOUT_S):
     """{case name: {"status": ..., "ranks": per-rank records, or "message"}} on ``n`` ranks."""
     # gloo on both tiers: the model is tiny and its tensors live on the CPU.
-    start = lambda pending, folder: launcher.run(f"{__file__}:rank_side", n, pending, folder, timeout=timeout,
-                                                 backend="gloo", idle_timeout=launcher.IDLE_TIMEOUT_S)
-    return run_cases(start, cases, n, rank_records, stem=lambda case: case[0], name=lambda case: case[0],
-                     after_hang=lambda hung, pending: list(pending))
+    jobs = []
+
+    def start(pending, folder):
+        jobs.append(launcher.run(f"{__file__}:rank_side", n, pending, folder, timeout=timeout, backend="gloo",
+                                 idle_timeout=launcher.IDLE_TIMEOUT_S, count_wire=True))
+        return jobs[-1]
+
+    outcomes = run_cases(start, cases, n, rank_records, stem=lambda case: case[0], name=lambda case: case[0],
+                         after_hang=lambda hung, pending: list(pending))
+    for name, outcome in outcomes.items():
+        outcome["wire"] = crossed_in_phases(jobs, name, ("steps",))
+    return outcomes
