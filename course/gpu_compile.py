@@ -18,6 +18,13 @@ driver for the current device's compute capability; ``_fixed_device`` answers
 instead, for the target being compiled. That touches numba-cuda's internals,
 so it is pinned to the version it was written for (``WRITTEN_FOR``), and
 ``unavailable()`` says so on any other.
+
+CuPy's kernels are CUDA C: ``capture_cupy_kernels`` records them without CuPy,
+``elementwise_source`` writes the loop an ``ElementwiseKernel`` stands for, and
+``compile_cuda_c`` compiles it with NVRTC. ``build_on_host`` builds that same
+loop for the CPU with a C++ compiler and ``run_elementwise_on_host`` runs it on
+NumPy arrays, so its arithmetic can be checked with no GPU; what only a GPU has
+(warp functions, atomics, shared memory) does not build there (``HOST_PRELUDE``).
 """
 from __future__ import annotations
 
@@ -28,6 +35,8 @@ import re
 import subprocess
 import tempfile
 import time
+
+import numpy as np
 
 TARGETS = ((8, 0), (9, 0))
 WRITTEN_FOR = "0.30.4"  # numba-cuda: the version whose device lookup _fixed_device replaces
@@ -376,3 +385,122 @@ def compile_cuda_c(source: str, cc) -> dict:
     nvrtc.nvrtcGetPTX(program, ptx)
     found = resources(ptx.decode().rstrip("\x00"), cc)
     return {"ok": True, **found, "seconds": round(time.monotonic() - start, 3)}
+
+
+# -- CuPy kernels on the host: the same generated loop, built with a C++ compiler -------
+
+# What the loop of ``elementwise_source`` needs of CUDA to build and run on the host, on
+# one thread: the qualifiers mean nothing here, and a grid of one block of one thread
+# makes the grid-stride loop visit every element in turn. CUDA's fast-math intrinsics
+# become the accurate host functions they approximate (macros: glibc declares some of
+# those names itself); CUDA's rsqrt and normcdf, which C lacks, are written out.
+# Anything else only a GPU has (warp functions, atomics, shared memory, __syncthreads,
+# half, CuPy's headers) is not here: such a kernel does not build for the host, and
+# ``build_on_host`` says which name it lacked. Needs ``host_unavailable() == ""``.
+HOST_PRELUDE = r"""
+#include <math.h>
+#include <algorithm>
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+struct k2c_dim3 { unsigned int x, y, z; };
+static const k2c_dim3 threadIdx = {0, 0, 0}, blockIdx = {0, 0, 0}, blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
+using std::min;
+using std::max;
+#define __expf(x) expf(x)
+#define __exp10f(x) powf(10.0f, (x))
+#define __logf(x) logf(x)
+#define __log2f(x) log2f(x)
+#define __log10f(x) log10f(x)
+#define __powf(x, y) powf((x), (y))
+#define __sinf(x) sinf(x)
+#define __cosf(x) cosf(x)
+#define __tanf(x) tanf(x)
+#define __fdividef(x, y) ((x) / (y))
+#define __saturatef(x) fminf(fmaxf((x), 0.0f), 1.0f)
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+static inline float normcdff(float x) { return 0.5f * erfcf(-x * 0.70710678118654752f); }
+static inline double normcdf(double x) { return 0.5 * erfc(-x * 0.70710678118654752); }
+"""
+HOST_DTYPES = {"float": np.float32, "double": np.float64}  # placeholders: the NumPy dtype each stands for
+# The C names of _C_TYPES that are not NumPy's names for the same type.
+_NUMPY_NAMES = {"float": "float32", "double": "float64", "int": "int32", "half": "float16"}
+
+
+def host_compiler() -> str | None:
+    """The C++ compiler that builds CuPy kernels for the host: ``g++``, else ``c++``."""
+    import shutil
+
+    return shutil.which("g++") or shutil.which("c++")
+
+
+def host_unavailable() -> str:
+    """Why CUDA C cannot be built for the host here ("" when it can)."""
+    return "" if host_compiler() else "no C++ compiler here (g++ or c++ on PATH; on Debian: apt-get install g++)"
+
+
+def build_on_host(sources: dict, folder: str) -> dict:
+    """Build each CUDA C source (``elementwise_source``'s) into a shared library in
+    ``folder``, all at once: ``{key: {"ok": True, "library": path}}``, or
+    ``{"ok": False, "error": the compiler's first errors, "compiler": its log}``."""
+    started = {}
+    for key, source in sources.items():
+        # A name of its own: the loader hands back a library already loaded from the same path.
+        handle, path = tempfile.mkstemp(suffix=".cpp", prefix="kernel-", dir=folder)
+        stem = path[:-len(".cpp")]
+        with os.fdopen(handle, "w") as f:
+            f.write(HOST_PRELUDE + '#line 1 "kernel.cu"\n' + source)
+        started[key] = (stem + ".so", subprocess.Popen(
+            [host_compiler(), "-x", "c++", "-std=c++14", "-O1", "-fPIC", "-shared", "-o", stem + ".so", stem + ".cpp"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    built = {}
+    for key, (library, proc) in started.items():
+        try:
+            _, log = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            built[key] = {"ok": False, "error": "the host compiler took over 60 s", "compiler": ""}
+            continue
+        if proc.returncode != 0:
+            errors = [line.split("error:", 1)[1].strip() for line in log.splitlines() if "error:" in line]
+            built[key] = {"ok": False, "error": "; ".join(errors[:3]) or log.strip()[:300], "compiler": log[:1500]}
+        else:
+            built[key] = {"ok": True, "library": library}
+    return built
+
+
+def _host_dtype(type_name: str, placeholder: str):
+    if type_name not in _C_TYPES:
+        return np.dtype(HOST_DTYPES[placeholder])
+    return np.dtype(_NUMPY_NAMES.get(type_name, type_name))
+
+
+def run_elementwise_on_host(kernel: dict, library: str, placeholder: str, inputs: list) -> list:
+    """Run a captured ``cupy.ElementwiseKernel`` built by ``build_on_host`` (from
+    ``elementwise_source(kernel, placeholder)``) on NumPy ``inputs``, in the order of
+    its in_params: broadcast together as CuPy broadcasts them, cast to each
+    parameter's type. Returns its outputs, of the broadcast shape, which start as NaN
+    (or 0 for integers), so an element the kernel never writes shows."""
+    import ctypes
+
+    ins, outs = _params(kernel["in_params"]), _params(kernel["out_params"])
+    if len(inputs) != len(ins):
+        raise ValueError(f"{kernel['name']} takes {len(ins)} inputs ({kernel['in_params']}), given {len(inputs)}")
+    if any(raw for _, _, raw in outs):
+        raise ValueError(f"{kernel['name']} has a raw output, which the host run cannot size")
+    shape = np.broadcast_shapes(*(np.shape(a) for a, (_, _, raw) in zip(inputs, ins) if not raw))
+    args = [np.ascontiguousarray(a if raw else np.broadcast_to(a, shape), dtype=_host_dtype(t, placeholder))
+            for a, (t, _, raw) in zip(inputs, ins)]
+    results = []
+    for t, _, _ in outs:
+        dtype = _host_dtype(t, placeholder)
+        results.append(np.full(shape, np.nan if dtype.kind == "f" else 0, dtype))
+    function = getattr(ctypes.CDLL(library), kernel["name"])
+    function.restype = None
+    function.argtypes = [ctypes.c_void_p] * (len(args) + len(results)) + [ctypes.c_longlong]
+    function(*(a.ctypes.data for a in args + results), int(np.prod(shape, dtype=np.int64)))
+    return results

@@ -9,6 +9,8 @@ anything below it. An object (``module:name``, named in the module that
 defines it) is replaced, in that module and in every module that bound it
 (``torch.nn.parallel.DistributedDataParallel``, ``torch.nn.DataParallel`` …),
 by a stand-in that raises when it is called (a subclass too) or looked into; a
+class's method (``module:Class.method``, ``torch._tensor:Tensor.softmax``) is
+replaced on that class, so its instances and subclasses get the stand-in. A
 module not imported yet gets it as soon as it has run, before anything can
 import the name from it, so nothing has to be imported up front. Either way the error is
 :class:`LibraryRefused`, with ``why`` in its message. ``isinstance`` against a
@@ -94,13 +96,23 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 def _refuse_objects(module, attrs: dict) -> None:
     for attr, why in attrs.items():
-        original = getattr(module, attr, None)
-        if original is not None:
-            _replace_everywhere(original, _stand_in(f"{module.__name__}.{attr}", why, original))
+        owner_path, _, name = attr.rpartition(".")
+        owner = module
+        for part in filter(None, owner_path.split(".")):
+            owner = getattr(owner, part, None)
+        original = getattr(owner, name, None)
+        if original is None:
+            continue
+        stand_in = _stand_in(f"{module.__name__}.{attr}", why, original)
+        if owner_path:  # a method: no module binds it, its class does
+            setattr(owner, name, stand_in)
+        else:
+            _replace_everywhere(original, stand_in)
 
 
 def install(names, why: str) -> None:
-    """Refuse each name: a module (``a.b``) or an object in the module defining it (``a.b:C``)."""
+    """Refuse each name: a module (``a.b``), an object in the module defining it (``a.b:C``),
+    or a method of a class there (``a.b:C.m``)."""
     modules, objects = {}, {}
     for name in names:
         module, _, attr = name.partition(":")

@@ -20,7 +20,10 @@ operations below runs unchanged on both::
 are real, and writes it down, in issue order, as an :class:`Op`. It keeps CUDA's
 rules: operations on one stream run in order; a copy to or from a pageable
 (not pinned) host buffer blocks the host until it is done; the bytes of a D->H
-copy are in the host buffer only once the host has waited for that copy. It
+copy are in the host buffer only once the host has waited for that copy. Its
+device arrays are :class:`DeviceArray` objects, not NumPy arrays: ``f`` computes
+on them with NumPy functions and operators, as it would with CuPy's, but the
+host cannot read them, so a result reaches the host only by ``to_host``. It
 records as a *hazard* a device array used on a stream that is not ordered
 after the operation that produced it, a host array passed where a device
 array belongs, and a pinned source buffer that the host overwrote before it
@@ -39,6 +42,7 @@ import weakref
 from dataclasses import asdict, dataclass
 
 import numpy as np
+from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from course.arrays import array_module
 
@@ -133,6 +137,107 @@ class RecordedStream:
     id: int
 
 
+_UNREADABLE = ("the host cannot read a device array: copy it into a host buffer with gpu.to_host(d, out, stream) "
+               "and wait for that copy (CuPy, too, refuses to turn a device array into a NumPy one implicitly)")
+
+
+class DeviceArray(NDArrayOperatorsMixin):
+    """An array in the model GPU's memory, as :class:`RecordingStreams` makes them.
+
+    NumPy functions, ufuncs, operators, indexing and the usual reductions work
+    on it and give device arrays, so ``f`` written with the array module of its
+    argument runs unchanged. What would read its values on the host does not
+    (``np.asarray``, ``float``, ``bool``, ``tolist``...): on a GPU that is a
+    device-to-host copy, which the model must see, so it goes through
+    ``to_host``. Mixing it with a host array raises too, as it does in CuPy.
+    """
+
+    __slots__ = ("_data", "__weakref__")
+    _ATTRIBUTES = frozenset({"shape", "dtype", "ndim", "size", "nbytes", "itemsize", "strides"})
+    _METHODS = frozenset({"sum", "prod", "mean", "std", "var", "max", "min", "argmax", "argmin", "cumsum",
+                          "cumprod", "all", "any", "astype", "reshape", "ravel", "flatten", "transpose",
+                          "swapaxes", "squeeze", "copy", "clip", "round", "conj", "dot", "fill", "view"})
+
+    def __init__(self, data: np.ndarray):
+        self._data = data
+
+    def __getattr__(self, name):
+        if name in DeviceArray._ATTRIBUTES:
+            return getattr(self._data, name)
+        if name in DeviceArray._METHODS:
+            method = getattr(self._data, name)
+            return lambda *args, **kwargs: _on_device(method(*_unwrap(args), **_unwrap(kwargs)))
+        raise AttributeError(f"the recording stand-in's device arrays have no {name!r}" +
+                             ("" if name.startswith("__") else f" (if it reads values: {_UNREADABLE})"))
+
+    @property
+    def T(self):
+        return DeviceArray(self._data.T)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        result = getattr(ufunc, method)(*_unwrap(inputs), **_unwrap(kwargs))
+        out = kwargs.get("out")  # NumPy hands it over as a tuple
+        if out is None:
+            return _on_device(result)
+        return out[0] if len(out) == 1 else out  # written in place: the device arrays given
+
+    def __array_function__(self, func, types, args, kwargs):
+        return _on_device(func(*_unwrap(args), **_unwrap(kwargs)))
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError(_UNREADABLE)
+
+    def _refuse(self, *args):
+        raise TypeError(_UNREADABLE)
+
+    __bool__ = __float__ = __int__ = __complex__ = __index__ = _refuse
+
+    def __getitem__(self, key):
+        key = _unwrap(key)
+        view = self._data[key]
+        if not isinstance(view, np.ndarray):  # one element: a 0-d view, as CuPy gives, not a host scalar
+            view = self._data[(*key, Ellipsis) if isinstance(key, tuple) else (key, Ellipsis)]
+        return DeviceArray(view)
+
+    def __setitem__(self, key, value):
+        self._data[_unwrap(key)] = _unwrap(value)
+
+    def __len__(self):
+        return len(self._data)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self._data)))
+
+    def __repr__(self):
+        return f"DeviceArray(shape={self._data.shape}, dtype={self._data.dtype}) on the model GPU"
+
+
+def _unwrap(value):
+    """Device arrays as their data, in arguments and containers; host arrays refused."""
+    if isinstance(value, DeviceArray):
+        return value._data
+    if isinstance(value, np.ndarray) and value.ndim > 0:
+        raise TypeError("a host array (NumPy) used with a device array: copy it to the device first "
+                        "(CuPy refuses to mix them too)")
+    if isinstance(value, (list, tuple)):
+        return type(value)(_unwrap(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _unwrap(v) for k, v in value.items()}
+    return value
+
+
+def _on_device(value):
+    """What a computation on device arrays gives: arrays and numbers stay on the device
+    (Python ints, which are mostly shapes and sizes, and everything else pass through)."""
+    if isinstance(value, np.ndarray):
+        return DeviceArray(value)
+    if isinstance(value, (np.generic, bool, float, complex)):
+        return DeviceArray(np.asarray(value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_device(v) for v in value)
+    return value
+
+
 class RecordingStreams:
     """Executes eagerly with NumPy and records the schedule; see the module docstring.
 
@@ -179,21 +284,21 @@ class RecordingStreams:
         if root is not None:  # watch the buffer until the host knows the copy is done
             view = (host.ctypes.data - root.ctypes.data, host.shape, host.strides, host.dtype)
             self._sources[op.index] = (weakref.ref(root), view, host.copy())
-        return self._produced(op, host.copy())
+        return self._produced(op, DeviceArray(host.copy()))
 
     def launch(self, f, *device_args, stream):
         chunks = [self._consume(a, stream, "compute") for a in device_args]
         op = self._issue("compute", stream, chunk=next((c for c in chunks if c is not None), None),
-                         nbytes=sum(a.nbytes for a in device_args if isinstance(a, np.ndarray)))
+                         nbytes=sum(a.nbytes for a in device_args if isinstance(a, (np.ndarray, DeviceArray))))
         result = f(*device_args)
-        for r in result if isinstance(result, tuple) else (result,):
-            if isinstance(r, np.ndarray):
-                self._produced(op, r)
-        return result
+        # What f returns lives on the device, even an array it made with plain NumPy.
+        made = tuple(self._produced(op, DeviceArray(r) if isinstance(r, np.ndarray) else r)
+                     for r in (result if isinstance(result, tuple) else (result,)))
+        return made if isinstance(result, tuple) else made[0]
 
     def to_host(self, device, out, stream):
         out = self._host_array(out, "to_host")
-        if not isinstance(device, np.ndarray):
+        if not isinstance(device, (DeviceArray, np.ndarray)):
             raise TypeError(f"to_host takes a device array, got {type(device).__name__}")
         if out.shape != device.shape or out.dtype != device.dtype:
             raise ValueError(f"to_host: out has shape {out.shape} and dtype {out.dtype}, "
@@ -201,7 +306,8 @@ class RecordingStreams:
         chunk = self._consume(device, stream, "d2h")
         pinned = self._pinned_root(out) is not None
         op = self._issue("d2h", stream, chunk=chunk, nbytes=device.nbytes, pinned=pinned)
-        self._landing[op.index] = (out, device.copy())
+        data = device._data if isinstance(device, DeviceArray) else device
+        self._landing[op.index] = (out, data.copy())
         self._land(op.host_waits_for)  # a pageable copy has already finished
         return out
 
@@ -290,16 +396,20 @@ class RecordingStreams:
         return False
 
     def _produced(self, op, array):
-        self._made_by[id(array)] = (op.index, array)
+        if isinstance(array, DeviceArray):
+            self._made_by[id(array._data)] = (op.index, array._data)
         return array
 
     def _consume(self, array, stream, what):
-        if not isinstance(array, np.ndarray):
+        if not isinstance(array, (np.ndarray, DeviceArray)):
             return None  # a scalar argument
         producer = self._producer(array)
         if producer is None:
-            self.hazards.append(f"{what} on stream {stream.id} was given a host array, not a device array "
-                                "from to_device or launch")
+            self.hazards.append(
+                f"{what} on stream {stream.id} was given a host array, not a device array from to_device or launch"
+                if isinstance(array, np.ndarray) else
+                f"{what} on stream {stream.id} was given a device array that no recorded operation made "
+                "(device work outside gpu.launch runs on no stream the model sees: do it inside f)")
             return None
         if not self._follows(self._stream_id(stream), producer.index):
             self.hazards.append(
@@ -309,7 +419,11 @@ class RecordingStreams:
         return producer.chunk
 
     def _producer(self, array):
-        """The op that made this device array (or the array it is a view of), or None."""
+        """The op that made this device array (or the array it is a view of), or None.
+        A host array has none."""
+        if not isinstance(array, DeviceArray):
+            return None
+        array = array._data
         while isinstance(array, np.ndarray):
             found = self._made_by.get(id(array))
             if found is not None and found[1] is array:

@@ -88,3 +88,28 @@ def test_compiling_in_the_simulator_is_refused_with_the_reason():
     proc = subprocess.run([sys.executable, "-c", "from course import gpu_compile; print(gpu_compile.unavailable())"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert "simulator is on" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_an_elementwise_kernel_runs_on_the_host_from_its_generated_loop(tmp_path):
+    import numpy as np
+    import pytest
+
+    from course import gpu_compile
+
+    if gpu_compile.host_unavailable():
+        pytest.skip(gpu_compile.host_unavailable())
+    axpb = {"kind": "elementwise", "in_params": "T x, T b, float32 a", "out_params": "T y", "name": "axpb",
+            "operation": "y = fmul(a, x) + __fdividef(b, 2.0f);",
+            "preamble": "template <typename U> __device__ U fmul(float a, U x) { return U(a) * x; }"}
+    warp = dict(axpb, operation="y = __shfl_sync(0xffffffff, x, 0);")
+    sources = {"float": gpu_compile.elementwise_source(axpb, "float"),
+               "double": gpu_compile.elementwise_source(axpb, "double"), "warp": gpu_compile.elementwise_source(warp)}
+    built = gpu_compile.build_on_host(sources, str(tmp_path))
+    assert built["float"]["ok"] and built["double"]["ok"], built
+    assert not built["warp"]["ok"] and "__shfl_sync" in built["warp"]["error"]  # only a GPU has it
+    x = np.arange(6, dtype=np.float64).reshape(2, 3)
+    for placeholder in ("float", "double"):
+        (y,) = gpu_compile.run_elementwise_on_host(axpb, built[placeholder]["library"], placeholder,
+                                                   [x, np.array([2.0, 4.0, 6.0]), np.float32(3)])
+        assert y.dtype == gpu_compile.HOST_DTYPES[placeholder]  # T is the placeholder; bias broadcast along rows
+        np.testing.assert_array_equal(y, 3 * x + np.array([1.0, 2.0, 3.0]))

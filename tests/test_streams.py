@@ -145,7 +145,8 @@ def test_pageable_copy_blocks_the_host():
     spans = streams.timeline(gpu.log)
     assert gpu.log[0].pinned is False and gpu.log[0].host_waits_for == (0,)
     assert spans[1].start == 1.0  # b's copy could not even be issued before then
-    assert y.sum() == 0 and d.sum() == 256
+    back = [gpu.to_host(a, np.empty(a.shape, a.dtype), b) for a in (y, d)]  # pageable: here at once
+    assert back[0].sum() == 0 and back[1].sum() == 256
 
 
 def test_overwriting_a_staging_buffer_too_early_is_a_hazard():
@@ -226,3 +227,23 @@ def test_views_of_a_kept_buffer_are_watched_through_it():
     buf[1, 3] = 7                                    # the part being copied
     gpu.synchronize()
     assert len(gpu.hazards) == 1 and "overwritten" in gpu.hazards[0]
+
+
+def test_device_arrays_compute_but_reach_the_host_only_by_to_host():
+    gpu = unit_gpu()
+    s = gpu.stream()
+    staged = gpu.pinned_empty((2, 128), np.float32)
+    staged[...] = 2
+    d = gpu.launch(lambda x: (np.sqrt(x * 8) + x[0]).sum(axis=-1, dtype=np.float64), gpu.to_device(staged, s),
+                   stream=s)
+    assert isinstance(d, streams.DeviceArray) and d.shape == (2,) and d.dtype == np.float64
+    for read in (np.asarray, float, bool, lambda a: a.tolist(), lambda a: a[0] + np.ones(2)):
+        with pytest.raises((TypeError, AttributeError), match="host"):
+            read(d)
+    out = gpu.pinned_empty(d.shape, d.dtype)
+    gpu.to_host(d, out, s)
+    gpu.synchronize()
+    np.testing.assert_array_equal(out, [768.0, 768.0])
+    assert gpu.hazards == []
+    with pytest.raises(TypeError):
+        gpu.to_device(d, s)  # already on the device

@@ -17,7 +17,9 @@ Five small pieces of GPU performance work, each written once for both tiers:
    compute-bound, and how fast can it be?
 
 CuPy is optional: this file imports it only inside functions that receive CuPy
-arrays. Run the checks with ``k2c grade 04`` (from the repository root).
+arrays. Run the checks with ``k2c grade 04`` (from the repository root). While
+it grades, torch's own ``gelu`` and ``softmax`` are refused here: write the
+formulas with the array module.
 """
 import math
 
@@ -40,6 +42,10 @@ def bias_gelu_kernel():
     element of the output. GELU, tanh approximation::
 
         gelu(z) = 0.5 * z * (1 + tanh(sqrt(2 / pi) * (z + 0.044715 * z**3)))
+
+    It holds for every input, far from 0 (``z = -1e4`` gives 0, ``1e4`` gives
+    1e4), tiny or 0, and NaN stays NaN. The CPU tier builds this C for the CPU
+    and runs it there at such inputs, as float and double.
     """
     global _compiled_bias_gelu
     if _compiled_bias_gelu is None:
@@ -120,7 +126,9 @@ def pipelined_apply(f, host_chunks, n_streams=2, gpu=None):
     streams, chunk ``i`` on stream ``i % n_streams``; copy through page-locked
     buffers from ``gpu.pinned_empty``, and keep each one alive until the host
     has waited for its copy; run ``f`` with ``gpu.launch``. Return the results
-    as host arrays, in order, and only once they have arrived.
+    as host arrays, in order, and only once they have arrived: a device array
+    (what ``gpu.launch`` returns) cannot be read on the host, so each result
+    comes back with ``gpu.to_host`` into a pinned buffer.
     ``gpu`` is a backend from ``course.streams`` (default: ``streams.backend()``).
     """
     gpu = gpu or streams.backend()

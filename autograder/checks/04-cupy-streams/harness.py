@@ -1,7 +1,9 @@
 """Grader code that runs next to the student's ``cupy_streams`` in the sandbox.
 
-CPU tier: the stream pipeline runs on a ``course.streams.RecordingStreams`` that
-the harness builds with a cost model of its choosing; it returns the results,
+CPU tier: the fused kernel's generated loop (``course.gpu_compile.elementwise_source``,
+the C that NVRTC compiles) built for the host with a C++ compiler and run on the
+check's inputs. The stream pipeline runs on a ``course.streams.RecordingStreams``
+that the harness builds with a cost model of its choosing; it returns the results,
 the recorded schedule and what the model GPU made of it. Zero-copy is judged
 by pointers and by a write through one side seen from the other.
 
@@ -13,16 +15,49 @@ streams, which one event pair cannot bracket, so they are timed by the host
 clock after a device-wide synchronize.
 """
 import math
+import shutil
+import tempfile
 import time
 
 import numpy as np
 
-from course import streams
+from course import gpu_compile, streams
 
 
 def _student():
     import cupy_streams
     return cupy_streams
+
+
+# --- CPU tier: the fused kernel, built for the host -------------------------
+
+def host_bias_gelu(cases):
+    """``bias_gelu_kernel``'s ElementwiseKernel, its loop built for the host as float and
+    double, run on each ``(x, bias)`` of ``cases`` (by the dtype of ``x``): its outputs,
+    or why it could not run (``unavailable``, ``made``: not one ElementwiseKernel,
+    ``not_built``: the compiler's complaint)."""
+    why = gpu_compile.host_unavailable()
+    if why:
+        return {"unavailable": why}
+    made = gpu_compile.capture_cupy_kernels(_student().bias_gelu_kernel)  # a stub raises: not implemented yet
+    if len(made) != 1 or made[0]["kind"] != "elementwise":
+        return {"made": [f"{k['kind']} {k['name']}" for k in made]}
+    kernel = made[0]
+    folder = tempfile.mkdtemp(prefix="k2c-host-kernel-")  # in the call's private scratch
+    try:
+        built = gpu_compile.build_on_host(
+            {p: gpu_compile.elementwise_source(kernel, p) for p in gpu_compile.HOST_DTYPES}, folder)
+        failed = {p: b["error"] for p, b in built.items() if not b["ok"]}
+        if failed:
+            return {"not_built": failed}
+        placeholder = {np.dtype(d): p for p, d in gpu_compile.HOST_DTYPES.items()}
+        outputs = []
+        for x, bias in cases:
+            p = placeholder[x.dtype]
+            outputs.append(gpu_compile.run_elementwise_on_host(kernel, built[p]["library"], p, [x, bias])[0])
+        return {"outputs": outputs}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 # --- CPU tier (and GPU tier): the schedule on the recording stand-in --------
@@ -45,7 +80,12 @@ def recorded_pipeline(chunks, n_streams, function="affine", costs=None):
     results = _student().pipelined_apply(f, [np.array(c) for c in chunks], n_streams=n_streams, gpu=gpu)
     report = gpu.report()
     compute_ops = sum(1 for op in report["ops"] if op["kind"] == "compute")
-    return {"results": [np.asarray(r) for r in results] if results is not None else None,
+    # A device array cannot be read here (nor carried back): which results are still on the device.
+    on_device = [i for i, r in enumerate(results or ()) if isinstance(r, streams.DeviceArray)]
+    return {"results": None if results is None else
+            [None if i in on_device else np.asarray(r) for i, r in enumerate(results)],
+            "on_device": on_device,
+            "copied_back": sorted({op["chunk"] for op in report["ops"] if op["kind"] == "d2h"} - {None}),
             "f_calls": len(calls), "compute_ops": compute_ops,
             **{k: report[k] for k in ("makespan", "hazards", "copy_issued_before_wait",
                                       "streams_used", "pageable_copies")}}
