@@ -57,6 +57,7 @@ from pathlib import Path
 from course import refuse
 from course.jobs import (Job, JobError, alive, call_and_reply, descendants, kill_tree, load_target, target_name,
                          worker_env)
+from course.wire import WIRE_FOLDER, WIRE_RANK, WIRE_RANKS, Counter, wait_until_counted
 
 DistJob, DistJobError = Job, JobError
 HOST = "127.0.0.1"
@@ -69,7 +70,7 @@ IDLE_CPU_S = 0.1  # less CPU than this over the last idle_timeout seconds, summe
 def run(target, n: int, *args, timeout: float = 60, backend: str = "auto", idle_timeout: float | None = None,
         count_wire: bool = False, **kwargs) -> Job:
     """Call ``target(*args, **kwargs)`` on ``n`` processes; see the module docstring.
-    ``count_wire``: ``job.wire`` is what crossed between the ranks (see ``_Wire``)."""
+    ``count_wire``: ``job.wire`` is what crossed between the ranks (``course.wire.Counter``)."""
     if n < 1:
         raise ValueError(f"need at least one process, got n={n}")
     request = {"target": target_name(target), "args": args, "kwargs": kwargs, "backend": backend,
@@ -83,7 +84,7 @@ def run(target, n: int, *args, timeout: float = 60, backend: str = "auto", idle_
         env = worker_env()
         env.update(WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n), MASTER_ADDR=HOST)
         # Its first count, before any rank starts, is what was there already: not the job's.
-        wire = _Wire(Path(folder), n) if count_wire else None
+        wire = Counter(Path(folder), n) if count_wire else None
         with open(log, "wb") as out:
             # A session of its own, which the ranks share: killing it (and what
             # they started) cannot touch the caller.
@@ -293,66 +294,14 @@ def _exit_codes(folder: Path, n: int) -> list:
     return codes
 
 
-class _Wire:
-    """What crossed between a job's ranks, counted by the launcher, which runs none of
-    their code, from the kernel's per-connection counters (``course.wire``): every
-    TCP connection the job opened. It samples while the job runs, at every
-    ``mark`` the ranks make together (so a harness can count each case of a job on
-    its own), and once more when every rank has replied; the ranks wait for that
-    last count (the file ``counted``) before they leave, which closes their
-    connections."""
-
-    def __init__(self, folder: Path, n: int):
-        from course import wire
-
-        self.folder, self.n, self.why_not = folder, n, wire.available()
-        self.seen = None if self.why_not else wire.Connections()
-        self.marks = []  # (name, bytes sent by then)
-        self.counted = False
-        self.sample()  # what was there before the job (made before any rank starts) is not the job's
-
-    def sample(self) -> None:
-        if self.seen is None or self.counted:
-            return
-        self.seen.sample()
-        seq = len(self.marks)
-        if all((self.folder / f"mark-{rank}-{seq}").exists() for rank in range(self.n)):
-            self.seen.sample()
-            name = (self.folder / f"mark-0-{seq}").read_text()
-            self.marks.append((name, self.seen.bytes_sent()))
-            (self.folder / f"marked-{seq}").write_text("")
-        if all((self.folder / f"rank-{rank}.pkl").exists() for rank in range(self.n)):
-            self.seen.sample()
-            self.counted = True
-            (self.folder / "counted").write_text("")
-
-    def as_dict(self) -> dict:
-        if self.seen is None:
-            return {"unavailable": self.why_not}
-        return {**self.seen.as_dict(), "marks": self.marks, "complete": self.counted}
-
-
 def mark(name: str, timeout: float = 30) -> None:
     """On every rank of a ``run(..., count_wire=True)`` job, together: the launcher
-    notes how many bytes have crossed so far under ``name`` (``job.wire["marks"]``),
-    and every rank waits until it has. Elsewhere (no count asked for) a no-op."""
-    folder = os.environ.get("K2C_DIST_WIRE")
-    if not folder:
-        return
-    seq = _marks_made[0]
-    _marks_made[0] += 1
-    rank = os.environ["RANK"]
-    path = Path(folder) / f"mark-{rank}-{seq}"
-    path.with_suffix(".tmp").write_text(name)
-    path.with_suffix(".tmp").rename(path)
-    waited = time.monotonic() + timeout
-    while not (Path(folder) / f"marked-{seq}").exists():
-        if time.monotonic() > waited:
-            raise RuntimeError(f"course.dist.mark({name!r}): the launcher did not count within {timeout:g} s")
-        time.sleep(0.001)
+    notes the bytes that have crossed by now under ``name`` (``course.wire.mark``)."""
+    from course import wire
+
+    wire.mark(name, timeout=timeout)
 
 
-_marks_made = [0]
 
 
 def _wait(forker, folder: Path, n: int, deadline, idle_timeout=None, wire=None) -> tuple[str | None, list]:
@@ -483,7 +432,7 @@ def _worker_main(folder: str, rank: int, n: int) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
     request = pickle.loads((Path(folder) / "request.pkl").read_bytes())
     if request.get("count_wire"):
-        os.environ["K2C_DIST_WIRE"] = folder  # for mark()
+        os.environ.update({WIRE_FOLDER: folder, WIRE_RANK: str(rank), WIRE_RANKS: str(n)})  # for mark()
     if "numpy.random" in sys.modules:  # as unrelated as in processes of their own
         sys.modules["numpy.random"].seed()
     # gloo's own timeout comes after the launcher's, which then reports the hang as such.
@@ -509,10 +458,8 @@ def _worker_main(folder: str, rank: int, n: int) -> None:
     sys.stderr.flush()
     if not ok:
         os._exit(1)  # the launcher sees it and stops the others
-    if request.get("count_wire"):  # the launcher's last count, before any connection closes
-        waited = time.monotonic() + 30
-        while not (Path(folder) / "counted").exists() and time.monotonic() < waited:
-            time.sleep(0.002)
+    if request.get("count_wire"):
+        wait_until_counted(folder)  # the launcher's last count, before any connection closes
     # Leave together (a message still in flight to a slower rank is not cut off),
     # and rank 0, which hosts the store, last.
     _store_barrier(store, "done", n)

@@ -26,6 +26,7 @@ so a module next to the notebook works.
 """
 from __future__ import annotations
 
+import os
 import pickle
 import shutil
 import subprocess
@@ -35,6 +36,7 @@ import time
 from pathlib import Path
 
 from course.jobs import Job, JobError, call_and_reply, kill_tree, load_target, target_name, worker_env
+from course.wire import WIRE_FOLDER, WIRE_RANK, WIRE_RANKS, Counter, wait_until_counted
 
 MPIJob, MPIJobError = Job, JobError  # the names this module has always used
 
@@ -50,10 +52,19 @@ def mpiexec() -> str:
     raise FileNotFoundError("no mpiexec in this environment: pip install mpich mpi4py (see `k2c doctor`)")
 
 
-def run(target, n: int, *args, timeout: float = 60, **kwargs) -> MPIJob:
-    """Call ``target(comm, *args, **kwargs)`` on ``n`` ranks; see the module docstring."""
+# Ranks on one machine talk through shared memory, which no counter sees; for a count of what
+# crosses, MPICH sends every message through its TCP network module (libfabric's tcp provider).
+TCP_ONLY = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
+
+
+def run(target, n: int, *args, timeout: float = 60, count_wire: bool = False, **kwargs) -> MPIJob:
+    """Call ``target(comm, *args, **kwargs)`` on ``n`` ranks; see the module docstring.
+    ``count_wire``: every message goes over loopback TCP and ``job.wire`` is what
+    crossed between the ranks (``course.wire.Counter``; ranks mark phases with
+    ``course.wire.mark``)."""
     name = target_name(target)
-    return _launch(["-m", "course.mpi", "call"], n, timeout, {"target": name, "args": args, "kwargs": kwargs})
+    return _launch(["-m", "course.mpi", "call"], n, timeout, {"target": name, "args": args, "kwargs": kwargs},
+                   count_wire)
 
 
 def run_script(path, n: int, *script_args, timeout: float = 60) -> MPIJob:
@@ -62,7 +73,7 @@ def run_script(path, n: int, *script_args, timeout: float = 60) -> MPIJob:
                    {"path": str(Path(path).resolve()), "args": [str(a) for a in script_args]})
 
 
-def _launch(module_args, n, timeout, request) -> MPIJob:
+def _launch(module_args, n, timeout, request, count_wire=False) -> MPIJob:
     if n < 1:
         raise ValueError(f"need at least one rank, got n={n}")
     with tempfile.TemporaryDirectory(prefix="k2c-mpi-") as folder:
@@ -70,6 +81,10 @@ def _launch(module_args, n, timeout, request) -> MPIJob:
         # is fine between them; the grader itself never unpickles (see autograder.sandbox.codec).
         (Path(folder) / "request.pkl").write_bytes(pickle.dumps(request))
         env = worker_env()
+        wire = None
+        if count_wire:
+            env.update(TCP_ONLY, **{WIRE_FOLDER: folder, WIRE_RANKS: str(n)})
+            wire = Counter(Path(folder), n)  # before any rank starts
         log = Path(folder) / "output.txt"
         start = time.monotonic()
         with open(log, "wb") as out:
@@ -77,16 +92,30 @@ def _launch(module_args, n, timeout, request) -> MPIJob:
                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                     start_new_session=True)
             try:
-                proc.wait(timeout=timeout)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                timed_out = True
+                timed_out = _wait(proc, start + timeout, wire)
             finally:
                 kill_tree(proc)
         job = Job(n, "ok", [None] * n, duration_s=time.monotonic() - start, timeout_s=timeout, kind="MPI")
         job.read_replies(Path(folder))
         job.output = log.read_bytes()[-4000:].decode(errors="replace")
+        job.wire = wire.as_dict() if wire else None
     return job.settle(timed_out, clean_exit=proc.returncode == 0)
+
+
+def _wait(proc, deadline, wire) -> bool:
+    """Wait for mpiexec (sampling the count, if any, as it runs); True when time ran out."""
+    if wire is None:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            return False
+        except subprocess.TimeoutExpired:
+            return True
+    while proc.poll() is None:
+        if time.monotonic() > deadline:
+            return True
+        wire.sample()
+        time.sleep(0.003)
+    return False
 
 
 # -- the rank side: python -m course.mpi {call|script} FOLDER ---------------------------
@@ -97,6 +126,8 @@ def _rank_main(mode: str, folder: str) -> None:
 
     refuse.install_from_env()
     comm = MPI.COMM_WORLD
+    if WIRE_FOLDER in os.environ:
+        os.environ[WIRE_RANK] = str(comm.rank)  # for course.wire.mark
     request = pickle.loads((Path(folder) / "request.pkl").read_bytes())
     reply = Path(folder) / f"rank-{comm.rank}.pkl"
     if mode == "script":
@@ -108,6 +139,8 @@ def _rank_main(mode: str, folder: str) -> None:
         ok = call_and_reply(lambda: load_target(request["target"])(comm, *request["args"], **request["kwargs"]), reply)
     if not ok:
         _abort_if_others_wait(comm)
+    if WIRE_FOLDER in os.environ:
+        wait_until_counted(folder)  # the launcher's last count, before MPI closes the connections
     sys.stdout.flush()
 
 

@@ -20,14 +20,23 @@ measured here: a ring all-reduce, and a reduce-scatter that gloo runs as a whole
 all-reduce (NCCL's costs half as much).
 
 A connection counts from its first sample to its last: one opened and closed
-between two samples is missed, which is why ``course.dist`` samples while the
+between two samples is missed, which is why a job's ``Counter`` samples while the
 job runs and once more before any rank may leave.
+
+A job's launcher (``course.dist.run`` or ``course.mpi.run`` with
+``count_wire=True``) keeps a ``Counter``; the ranks call ``mark(name)`` together
+between the phases a harness wants counted apart, and ``job.wire["marks"]`` holds
+the bytes that had crossed by each.
 """
 from __future__ import annotations
 
+import hashlib
+import os
 import socket
 import struct
 import sys
+import time
+from pathlib import Path
 
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
@@ -86,7 +95,7 @@ def available() -> str:
 
 def _dump(family: int):
     """(local port, remote port, inode, bytes sent, bytes received) of every TCP
-    socket between two loopback addresses."""
+    socket between two loopback addresses, or from an address to itself."""
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG) as nl:
         request = _REQUEST.pack(family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), ALL_STATES, b"")
         nl.send(_HEADER.pack(_HEADER.size + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, 1, 0)
@@ -108,8 +117,8 @@ def _dump(family: int):
 
 def _parse(body: bytes):
     fields = _MESSAGE.unpack_from(body)
-    if not (_loopback(fields[6]) and _loopback(fields[7])):
-        return None
+    if not (_loopback(fields[6]) and _loopback(fields[7]) or fields[6] == fields[7]):
+        return None  # a connection leaving this machine (one to itself may use any of its addresses)
     sport, dport, inode = int.from_bytes(fields[4], "big"), int.from_bytes(fields[5], "big"), fields[14]
     sent = received = 0
     offset = _MESSAGE.size
@@ -129,8 +138,8 @@ def _parse(body: bytes):
 
 
 class Connections:
-    """Every loopback TCP connection of this namespace seen by ``sample`` and not by
-    the first, with the most bytes each was seen to have sent."""
+    """Every TCP connection within this machine in this namespace seen by ``sample``
+    and not by the first, with the most bytes each was seen to have sent."""
 
     def __init__(self):
         self.before: set = set()  # connections that were there before the job: not its
@@ -154,3 +163,83 @@ class Connections:
 
     def as_dict(self) -> dict:
         return {"bytes": self.bytes_sent(), "connections": len(self.sent)}
+
+
+# --- a job's count, and the marks its ranks make ------------------------------------------------
+
+WIRE_FOLDER, WIRE_RANK, WIRE_RANKS = "K2C_WIRE_FOLDER", "K2C_WIRE_RANK", "K2C_WIRE_RANKS"  # set in each rank
+
+
+def _key(name: str) -> str:
+    return hashlib.sha1(name.encode()).hexdigest()[:16]
+
+
+class Counter:
+    """What crossed between a job's ranks, counted by its launcher, which runs none of
+    their code: every TCP connection made within this machine since the counter was
+    made (before any rank starts). It samples whenever ``sample`` is called (the
+    launcher's wait loop), at every ``mark`` once all its ranks have made it, and
+    once more when every rank has replied (``rank-N.pkl``); the ranks wait for that
+    last count (the file ``counted``) before they leave, which closes their
+    connections."""
+
+    def __init__(self, folder: Path, n: int):
+        self.folder, self.n, self.why_not = Path(folder), n, available()
+        self.seen = None if self.why_not else Connections()
+        self.marks = []  # (name, bytes sent by then), in the order they were made
+        self.done: set = set()
+        self.counted = False
+        self.sample()  # what is there before the job is not the job's
+
+    def sample(self) -> None:
+        if self.seen is None or self.counted:
+            return
+        self.seen.sample()
+        waiting: dict = {}
+        for path in self.folder.glob("mark-*"):
+            key, _ = path.name[5:].split("-", 1)
+            if key not in self.done and not path.name.endswith(".tmp"):
+                waiting.setdefault(key, []).append(path)
+        for key, paths in waiting.items():
+            ranks, name = paths[0].read_text().split("\n", 1)
+            if len(paths) >= int(ranks):
+                self.seen.sample()
+                self.marks.append((name, self.seen.bytes_sent()))
+                self.done.add(key)
+                (self.folder / f"marked-{key}").write_text("")
+        if all((self.folder / f"rank-{rank}.pkl").exists() for rank in range(self.n)):
+            self.seen.sample()
+            self.counted = True
+            (self.folder / "counted").write_text("")
+
+    def as_dict(self) -> dict:
+        if self.seen is None:
+            return {"unavailable": self.why_not}
+        return {**self.seen.as_dict(), "marks": self.marks, "complete": self.counted}
+
+
+def mark(name: str, ranks: int | None = None, timeout: float = 30) -> None:
+    """Made by ranks 0 .. ``ranks`` - 1 of a counted job (all of them by default), each
+    once, with the same ``name`` (unique in the job): the launcher notes the bytes
+    that have crossed by then, and each rank waits until it has. Outside a counted
+    job, a no-op."""
+    folder = os.environ.get(WIRE_FOLDER)
+    if not folder:
+        return
+    rank, ranks = os.environ[WIRE_RANK], ranks or int(os.environ[WIRE_RANKS])
+    key = _key(name)
+    path = Path(folder) / f"mark-{key}-{rank}"
+    path.with_suffix(".tmp").write_text(f"{ranks}\n{name}")
+    path.with_suffix(".tmp").rename(path)
+    waited = time.monotonic() + timeout
+    while not (Path(folder) / f"marked-{key}").exists():
+        if time.monotonic() > waited:
+            raise RuntimeError(f"course.wire.mark({name!r}): the launcher did not count within {timeout:g} s")
+        time.sleep(0.001)
+
+
+def wait_until_counted(folder, timeout: float = 30) -> None:
+    """A rank that has replied: wait for the launcher's last count before leaving."""
+    waited = time.monotonic() + timeout
+    while not (Path(folder) / "counted").exists() and time.monotonic() < waited:
+        time.sleep(0.002)

@@ -167,3 +167,21 @@ def test_collectives_are_refused():
 def test_synchronous_sends_expose_an_order_that_only_buffering_saves():
     assert mpi.run("mpi_algos:send_first", 2, False).check().results == [[1.0] * 4] * 2
     assert mpi.run("mpi_algos:send_first", 2, True, timeout=3).status == "timeout"
+
+
+def test_what_crosses_between_mpi_ranks_is_counted_in_the_sandbox(tmp_path):
+    # With count_wire, MPICH sends over loopback TCP (no shared memory), in the sandbox's own network
+    # namespace too, and the launcher's count of a ring step is its payload plus MPI's few headers.
+    (tmp_path / "job.py").write_text(
+        "from course import mpi\n\n"
+        "def go():\n    job = mpi.run('mpi_algos:counted_ring', 4, 10_000, count_wire=True).check()\n"
+        "    marks = dict(job.wire['marks'])\n"
+        "    return [marks['ring:done'] - marks['ring:start'], job.results]\n")
+    (tmp_path / "mpi_algos.py").write_text((FIXTURES / "mpi_algos.py").read_text())
+    request = {"submission": str(tmp_path), "target": {"kind": "module", "module": "job", "func": "go"},
+               "args": [], "kwargs": {}}
+    outcome = run_call(request, Limits(timeout_s=60, memory_mb=4096), {})
+    assert outcome.status == "ok", outcome
+    crossed, results = outcome.value
+    assert results == [10_000.0] * 4
+    assert 4 * 10_000 * 8 <= crossed <= 4 * 10_000 * 8 + 4 * 300, crossed

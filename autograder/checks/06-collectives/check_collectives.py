@@ -20,8 +20,9 @@ import math
 import numpy as np
 import pytest
 
-from autograder.grading.checking import expect_array
+from autograder.grading.checking import expect_array, with_the_work
 from autograder.grading.submission import failure_from
+from autograder.grading.traffic import expect_crossed
 
 PS = (2, 3, 4, 5, 8)
 POWERS_OF_TWO, OTHER_PS = (2, 4, 8), (3, 5)
@@ -82,8 +83,21 @@ def _hint(name, p, n):
     return ""
 
 
-def _cost_case(cases, n, root=0):
-    return next(c for c in cases if c["n"] == n and c["root"] == root)
+def _cost_case(cases, n, root=0, what="this case"):
+    """The case the cost checks read; its costs count only where its answer is right."""
+    case = next(c for c in cases if c["n"] == n and c["root"] == root)
+
+    def answer_is_right():
+        assert not case["mismatches"], f"{what}: {case['mismatches'][0]}"
+    with_the_work(f"the cost of {what}", answer_is_right)
+    return case
+
+
+def _expect_crossed(submission, case, what, elements, messages, pattern):
+    """What crossed in the student's call, as the launcher counted it (MPICH over loopback
+    TCP): ``elements`` int64 in all, in ``messages`` messages."""
+    expect_crossed(submission, case["wire"], "done", 8 * elements, messages, what, pattern,
+                   logged=8 * sum(t["elements_sent"] for t in case["totals"]))
 
 
 def _log2_ceil(p):
@@ -153,7 +167,7 @@ def check_bcast_binomial_cost(submission, request):
     """bcast_binomial: ceil(log2 p) rounds, p - 1 messages, every other rank receives once"""
     for p, cases in _cases(submission, request, "bcast_binomial").items():
         for root in (0, p - 1):
-            case = _cost_case(cases, COST_N, root)
+            case = _cost_case(cases, COST_N, root, f"bcast_binomial on {p} ranks, root {root}")
             sent = sum(t["messages_sent"] for t in case["totals"])
             received = [t["messages_received"] for t in case["totals"]]
             what = f"bcast_binomial on {p} ranks, root {root}"
@@ -164,6 +178,7 @@ def check_bcast_binomial_cost(submission, request):
             assert case["rounds"] == _log2_ceil(p), (
                 f"{what}: {case['rounds']} rounds (longest chain of messages), a binomial tree takes "
                 f"ceil(log2 p) = {_log2_ceil(p)}: every rank that has the data must pass it on in every round")
+            _expect_crossed(submission, case, what, (p - 1) * COST_N, p - 1, "p - 1 copies of the vector")
 
 
 @pytest.mark.points(1)
@@ -171,7 +186,7 @@ def check_reduce_binomial_cost(submission, request):
     """reduce_binomial: every other rank sends once; no rank receives more than ceil(log2 p) messages"""
     for p, cases in _cases(submission, request, "reduce_binomial").items():
         for root in (0, p - 1):
-            case = _cost_case(cases, COST_N, root)
+            case = _cost_case(cases, COST_N, root, f"reduce_binomial on {p} ranks, root {root}")
             sent = [t["messages_sent"] for t in case["totals"]]
             received = [t["messages_received"] for t in case["totals"]]
             what = f"reduce_binomial on {p} ranks, root {root}"
@@ -180,13 +195,14 @@ def check_reduce_binomial_cost(submission, request):
             assert max(received) <= _log2_ceil(p), (
                 f"{what}: a rank receives {max(received)} messages (per rank: {received}); in a binomial tree "
                 f"none receives more than ceil(log2 p) = {_log2_ceil(p)}: partial sums must be combined on the way")
+            _expect_crossed(submission, case, what, (p - 1) * COST_N, p - 1, "p - 1 partial sums of the vector")
 
 
 @pytest.mark.points(2)
 def check_allreduce_ring_cost(submission, request, metrics):
     """allreduce_ring: 2(p-1) messages and 2(p-1)/p * n elements sent per rank, 2(p-1) rounds"""
     for p, cases in _cases(submission, request, "allreduce_ring").items():
-        case = _cost_case(cases, COST_N)
+        case = _cost_case(cases, COST_N, what=f"allreduce_ring on {p} ranks")
         messages = [t["messages_sent"] for t in case["totals"]]
         elements = [t["elements_sent"] for t in case["totals"]]
         ideal = 2 * (p - 1) / p * COST_N
@@ -199,13 +215,15 @@ def check_allreduce_ring_cost(submission, request, metrics):
             f"{what}: elements sent per rank {elements}, the ring sends 2(p-1)/p * n = {ideal:.1f} "
             "(one chunk of about n/p per step)")
         assert case["rounds"] == 2 * (p - 1), f"{what}: {case['rounds']} rounds, expected 2(p-1) = {2 * (p - 1)}"
+        _expect_crossed(submission, case, what, 2 * (p - 1) * COST_N, 2 * p * (p - 1),
+                        "every rank sending all chunks but one, twice")
 
 
 @pytest.mark.points(1)
 def check_allreduce_recursive_doubling_cost(submission, request):
     """allreduce_recursive_doubling: log2 p rounds of whole vectors (+2 for the fold when p is not a power of two)"""
     for p, cases in _cases(submission, request, "allreduce_recursive_doubling").items():
-        case = _cost_case(cases, COST_N)
+        case = _cost_case(cases, COST_N, what=f"allreduce_recursive_doubling on {p} ranks")
         q = 1 << (p.bit_length() - 1)
         want_rounds = int(math.log2(q)) + (0 if q == p else 2)
         messages = [t["messages_sent"] for t in case["totals"]]
@@ -218,6 +236,8 @@ def check_allreduce_recursive_doubling_cost(submission, request):
         assert case["rounds"] == want_rounds, (
             f"{what}: {case['rounds']} rounds, expected {want_rounds}"
             + ("" if q == p else f" (log2 {q} among the largest power of two, +1 fold, +1 unfold)"))
+        whole = q * int(math.log2(q)) + 2 * (p - q)  # whole vectors: the exchanges, then the fold and the unfold
+        _expect_crossed(submission, case, what, whole * COST_N, whole, f"{whole} whole vectors")
 
 
 @pytest.mark.points(1)
@@ -241,7 +261,7 @@ def check_alltoall_pairwise_cost(submission, request):
 
 def _ring_cost(submission, request, name, n, ideal_elements, exact, check_rounds=True):
     for p, cases in _cases(submission, request, name).items():
-        case = _cost_case(cases, n)
+        case = _cost_case(cases, n, what=f"{name} on {p} ranks")
         messages = [t["messages_sent"] for t in case["totals"]]
         elements = [t["elements_sent"] for t in case["totals"]]
         ideal = ideal_elements(p)
@@ -252,3 +272,4 @@ def _ring_cost(submission, request, name, n, ideal_elements, exact, check_rounds
             f"{what}: elements sent per rank {elements}, expected {ideal:g} from every rank")
         if check_rounds:
             assert case["rounds"] == p - 1, f"{what}: {case['rounds']} rounds, expected p - 1 = {p - 1}"
+        _expect_crossed(submission, case, what, round(p * ideal), p * (p - 1), f"{ideal:g} elements from every rank")

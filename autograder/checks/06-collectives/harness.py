@@ -14,8 +14,10 @@ without it (and, after a hang, without that algorithm's other p). A stub (``NotI
 message) is recorded and skipped within the same job.
 
 What comes back is plain data: per case, which ranks got a wrong answer
-(first differing element), each rank's message and element totals, and the
-longest chain of communication steps (``course.mpi_audit.rounds``).
+(first differing element), each rank's message and element totals, the
+longest chain of communication steps (``course.mpi_audit.rounds``), and the
+bytes that crossed between the ranks in the student's call, as the launcher
+counted them (``count_wire``: MPICH over loopback TCP; ``course.wire``).
 """
 import ast
 import importlib.util
@@ -25,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from autograder.grading.checking import first_failure, run_cases, save_record
+from autograder.grading.traffic import crossed_in_phases
 from course import mpi
 from course.mpi_audit import COLLECTIVES, AuditComm, rounds, totals
 
@@ -32,6 +35,9 @@ ALGORITHMS = ("bcast_binomial", "reduce_binomial", "allreduce_ring", "allreduce_
               "allgather_ring", "reduce_scatter_ring", "alltoall_pairwise")
 SEED = 2026
 JOB_TIMEOUT_S = 20  # a correct job (every algorithm at every p, 8 oversubscribed ranks) takes 3-4 s on 2 cores; for deadlocks
+
+
+COUNTED = (1001, 250)  # the sizes of the cases whose traffic the launcher counts (the cost checks')
 
 
 def cases(name, p):
@@ -55,38 +61,48 @@ def _split_counts(n, p):
 
 
 def _run_case(comm, audited, student, name, n, root):
-    """(what the student's function gave on this rank, what MPI gives), for one case."""
+    """(what the student's function gave on this rank, what MPI gives), for one case.
+    The launcher counts what crossed in the student's call alone (``course.wire.mark``)."""
     from mpi4py import MPI
+
+    from course import wire
 
     p, rank = comm.Get_size(), comm.Get_rank()
     x = _inputs(rank, n, p, name)
+    buf = x.copy() if rank == root or name != "bcast_binomial" else np.zeros(n, np.int64)
+    counted = n in COUNTED  # a mark costs a few ms: only the cases the cost checks read
+    if counted:
+        wire.mark(f"{case_key(name, p, n, root)}:start", ranks=p)
+    if name in ("bcast_binomial", "reduce_binomial"):
+        got = getattr(student, name)(audited, buf, root=root)
+    else:
+        got = getattr(student, name)(audited, buf)
+    if counted:
+        wire.mark(f"{case_key(name, p, n, root)}:done", ranks=p)
     if name == "bcast_binomial":
-        buf = x.copy() if rank == root else np.zeros(n, np.int64)
-        got = student.bcast_binomial(audited, buf, root=root)
         want = x.copy()
         comm.Bcast(want, root=root)
     elif name == "reduce_binomial":
-        got = student.reduce_binomial(audited, x.copy(), root=root)
         want = np.zeros(n, np.int64) if rank == root else None
         comm.Reduce(x, want, op=MPI.SUM, root=root)
     elif name in ("allreduce_ring", "allreduce_recursive_doubling"):
-        got = getattr(student, name)(audited, x.copy())
         want = np.zeros(n, np.int64)
         comm.Allreduce(x, want, op=MPI.SUM)
     elif name == "reduce_scatter_ring":
-        got = student.reduce_scatter_ring(audited, x.copy())
         counts = _split_counts(n, p)
         want = np.zeros(counts[rank], np.int64)
         comm.Reduce_scatter(x, want, recvcounts=counts, op=MPI.SUM)
     elif name == "allgather_ring":
-        got = student.allgather_ring(audited, x.copy())
         want = np.zeros(n * p, np.int64)
         comm.Allgather(x, want)
     else:
-        got = student.alltoall_pairwise(audited, x.copy())
         want = np.zeros(n * p, np.int64)
         comm.Alltoall(x, want)
     return got, want
+
+
+def case_key(name, p, n, root):
+    return f"{name}@{p}:{n}:{root}"
 
 
 def _compare(got, want, rank):
@@ -180,14 +196,20 @@ def collective_job(ps, names=ALGORITHMS):
             else:
                 pending.append((name, p))
 
+    jobs = []
+
     def start(pending, folder):
-        return mpi.run(f"{__file__}:rank_side", max(p for _, p in pending), pending, folder,
-                       timeout=JOB_TIMEOUT_S)
+        jobs.append(mpi.run(f"{__file__}:rank_side", max(p for _, p in pending), pending, folder,
+                            timeout=JOB_TIMEOUT_S, count_wire=True))
+        return jobs[-1]
     # A hung algorithm would most likely hang at the next p too, and each hang costs a whole job
     # timeout: the call's own limit (150 s) holds one hang per algorithm (7 x 20 s), not one per case.
     same_algorithm = lambda hung, pending: [case for case in pending if case[0] == hung[0]]
     outcomes.update(run_cases(start, pending, lambda case: case[1], _merge, stem=_stem, name=_stem,
                               explain=_explain, after_hang=same_algorithm))
+    for name, p in pending:
+        for case in outcomes[_stem((name, p))].get("cases", []):
+            case["wire"] = crossed_in_phases(jobs, case_key(name, p, case["n"], case["root"]), ("done",))
     return outcomes
 
 
