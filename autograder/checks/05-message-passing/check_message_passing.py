@@ -13,10 +13,13 @@ import pytest
 
 from autograder.grading.checking import expect_array, expect_close
 from autograder.grading.submission import NotImplementedYet, SubmissionError
+from autograder.grading.traffic import MPI_HEADER_BYTES, expect_crossed
 
 SEED = 2026
 RANKS = (1, 2, 3, 4)
-INTERIOR_1D = (4, 7, 10, 11)  # interior points: on 3 and 4 ranks every one of these splits unevenly
+# Interior points: on 3 and 4 ranks every one of these splits unevenly; 401 makes blocks of 100 or more,
+# so that sending a block where a cell would do shows in the count of what crossed.
+INTERIOR_1D = (4, 7, 10, 11, 401)
 SHAPES_2D = ((7, 8), (9, 11), (6, 5))  # interior rows 5, 7, 4
 STEPS, ALPHA_1D, ALPHA_2D = 25, 0.23, 0.2
 
@@ -114,11 +117,19 @@ def _check_halos(submission, part, what):
                              f"right/bottom {edge}", exact=True)
                 expect_array(got[1:-1], u[start + 1:stop + 1], f"{what} on {n} rank(s), case {k}: rank {rank}'s "
                              "own block (it must not change)", exact=True)
+            # What crossed, as the launcher counted it (on 4 ranks): one ghost cell (row) each way across
+            # each of the n - 1 boundaries, and nothing else.
+            if "wire" not in job[0]:
+                continue
+            cell = u[0].nbytes
+            expect_crossed(submission, job[0]["wire"][k], "done", 2 * (n - 1) * cell, 2 * (n - 1),
+                           f"{what} on {n} rank(s), case {k}", f"one ghost {'row' if u.ndim > 1 else 'cell'} "
+                           f"of {cell} bytes each way across each of the {n - 1} boundaries", header=MPI_HEADER_BYTES)
 
 
 @pytest.mark.points(2)
 def check_exchange_halos(submission):
-    """exchange_halos fills each ghost cell from its neighbour and leaves the domain's edges alone"""
+    """exchange_halos fills each ghost cell from its neighbour, sending only those, and leaves the domain's edges alone"""
     _check_halos(submission, "halo_1d", "exchange_halos")
 
 
@@ -190,7 +201,7 @@ def check_heat_1d_nonblocking_matches_serial(submission):
 
 @pytest.mark.points(2)
 def check_exchange_halo_rows(submission):
-    """exchange_halo_rows fills the top ghost row from the rank above and the bottom one from the rank below"""
+    """exchange_halo_rows fills the top ghost row from the rank above and the bottom one from the rank below, sending only those"""
     _check_halos(submission, "halo_rows", "exchange_halo_rows")
 
 

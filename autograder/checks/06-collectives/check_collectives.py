@@ -22,7 +22,7 @@ import pytest
 
 from autograder.grading.checking import expect_array, with_the_work
 from autograder.grading.submission import failure_from
-from autograder.grading.traffic import expect_crossed
+from autograder.grading.traffic import MPI_HEADER_BYTES, expect_crossed
 
 PS = (2, 3, 4, 5, 8)
 POWERS_OF_TWO, OTHER_PS = (2, 4, 8), (3, 5)
@@ -97,7 +97,7 @@ def _expect_crossed(submission, case, what, elements, messages, pattern):
     """What crossed in the student's call, as the launcher counted it (MPICH over loopback
     TCP): ``elements`` int64 in all, in ``messages`` messages."""
     expect_crossed(submission, case["wire"], "done", 8 * elements, messages, what, pattern,
-                   logged=8 * sum(t["elements_sent"] for t in case["totals"]))
+                   logged=8 * sum(t["elements_sent"] for t in case["totals"]), header=MPI_HEADER_BYTES)
 
 
 def _log2_ceil(p):
