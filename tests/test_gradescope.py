@@ -121,6 +121,16 @@ def test_the_wheel_holds_the_labs_hidden_checks_and_oracles(lab):
     assert all(files[f"autograder/checks/{lab.slug}/{name}"] == lab.checks_dir / name for name in lab.hidden)
 
 
+def test_setup_installs_the_programs_a_labs_checks_run(tmp_path):
+    # lab.toml's system: lab 04 runs its fused kernel's C with g++, which setup.sh installs when missing.
+    for lab, wanted in (("04", True), ("06", False)):
+        proc = k2c("gradescope", lab, "-o", tmp_path / f"{lab}.zip")
+        assert proc.returncode == 0, proc.stderr
+        setup = zipfile.ZipFile(tmp_path / f"{lab}.zip").read("setup.sh").decode()
+        assert ("command -v g++ >/dev/null || missing+=(g++)" in setup) == wanted
+        assert "@SYSTEM@" not in setup
+
+
 def test_a_lab_without_requires_gets_every_course_dependency():
     lab = find_lab("06")
     pinned = ["numpy>=1.26", "pytest>=8", "torch==2.13.0", "mpi4py>=4.0"]

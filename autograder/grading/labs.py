@@ -34,6 +34,9 @@ class Lab:
     # ``hidden``): hidden checks (``check_*_hidden.py``) and the oracles only they use
     # (``oracles_hidden.py``). Graded wherever the instructor grades; see ``hidden_problems``.
     hidden: tuple[str, ...] = ()
+    # Programs its checks run, as (command, Debian package) pairs (lab.toml's ``system``,
+    # "g++ = g++"): ``k2c gradescope``'s setup.sh installs those missing.
+    system: tuple[tuple[str, str], ...] = ()
 
     @property
     def number(self) -> str:
@@ -60,7 +63,7 @@ def all_labs() -> list[Lab]:
                         tuple(data.get("refuse", ())), data.get("refuse_why", ""),
                         tuple(data.get("uses", ())),
                         tuple(data["requires"]) if "requires" in data else None,
-                        tuple(data.get("hidden", ()))))
+                        tuple(data.get("hidden", ())), tuple(data.get("system", {}).items())))
     return labs
 
 

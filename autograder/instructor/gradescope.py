@@ -178,12 +178,13 @@ root="${K2C_AUTOGRADER_ROOT:-/autograder}"
 venv="${K2C_VENV:-/opt/k2c}"
 python="${K2C_PYTHON:-python3}"
 
-# System packages, only those missing: Python's venv, and bubblewrap, the grader's
-# strongest isolation (where the container refuses it, the grader falls back by itself).
+# System packages, only those missing: Python's venv, bubblewrap, the grader's strongest
+# isolation (where the container refuses it, the grader falls back by itself), and the
+# programs this lab's checks run (lab.toml's system).
 missing=()
 "$python" -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 command -v bwrap >/dev/null || missing+=(bubblewrap)
-if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+@SYSTEM@if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
 fi
@@ -237,7 +238,9 @@ def scripts(lab: Lab, requires: list[str]) -> tuple[str, str]:
 
     def fill(text):
         return text.replace("@LAB@", lab.number).replace("@SLUG@", lab.slug).replace("@CPU_INDEX@", cpu_builds) \
-            .replace("@HIDE@", HIDE)
+            .replace("@HIDE@", HIDE) \
+            .replace("@SYSTEM@", "".join(f"command -v {command} >/dev/null || missing+=({package})\n"
+                                         for command, package in lab.system))
     return fill(SETUP), fill(RUN)
 
 

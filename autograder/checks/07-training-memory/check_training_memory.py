@@ -31,6 +31,7 @@ hardware.
 import pytest
 
 from autograder.sandbox import Outcome
+from autograder.grading.checking import with_the_work
 from autograder.grading.submission import SubmissionError, not_implemented_yet
 
 PRECISIONS = ("fp32", "mixed")
@@ -285,6 +286,7 @@ def check_profile_step_counts_matmuls(submission, checkpointing):
 @pytest.mark.points(1)
 def check_profile_step_times(submission):
     """times are in seconds, self times are positive and add up to at most the step's wall time"""
+    with_the_work("the profile's times", lambda: check_profile_step_trains(submission))
     run, result, ops = _profile(submission, checkpointing=False)
     wall = result["wall_s"]
     assert 0 < wall <= run["outer_s"], (

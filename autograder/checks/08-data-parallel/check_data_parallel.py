@@ -29,6 +29,7 @@ this lab has no GPU part.
 import numpy as np
 import pytest
 
+from autograder.grading.checking import with_the_work
 from autograder.grading.submission import failure_from, not_implemented_yet
 from autograder.grading.traffic import expect_crossed
 from course.wire import gloo_bytes, gloo_messages
@@ -162,6 +163,7 @@ _FROZEN_TIED_HINT = (" Layer 0 is frozen (requires_grad=False): broadcast it at 
 @pytest.mark.points(1)
 def check_naive_one_all_reduce_per_parameter(submission):
     """NaiveDDP.sync_gradients: one all-reduce per parameter per step, nothing else"""
+    with_the_work("NaiveDDP's communication", lambda: _expect_single_process(submission, (NAIVE,), ""))
     for world, name, outcome in _cases(submission, (NAIVE,)):
         n_params = len(outcome["param_bytes"])
         for rank, record in enumerate(outcome["ranks"]):
@@ -176,6 +178,7 @@ def check_naive_one_all_reduce_per_parameter(submission):
 @pytest.mark.points(2)
 def check_bucketed_one_all_reduce_per_bucket(submission):
     """BucketedDDP: all-reduce calls per step = number of buckets from the lab's rule, nothing else"""
+    with_the_work("BucketedDDP's communication", lambda: _expect_single_process(submission, BUCKETED, ""))
     for world, name, outcome in _cases(submission, BUCKETED):
         want = expected_buckets(outcome["param_bytes"], CAP_OF[name])
         for rank, record in enumerate(outcome["ranks"]):
@@ -191,6 +194,7 @@ def check_bucketed_one_all_reduce_per_bucket(submission):
 @pytest.mark.points(2)
 def check_bucketed_communication_starts_during_backward(submission):
     """BucketedDDP: the first all-reduce of each step is issued before backward has finished"""
+    with_the_work("BucketedDDP's overlap", lambda: _expect_single_process(submission, BUCKETED, ""))
     for world, name, outcome in _cases(submission, BUCKETED):
         for rank, record in enumerate(outcome["ranks"]):
             for step, (events,) in enumerate(record["steps"]):
@@ -206,6 +210,7 @@ def check_bucketed_communication_starts_during_backward(submission):
 @pytest.mark.points(1)
 def check_bucketed_does_not_wait_during_backward(submission):
     """BucketedDDP: no all-reduce is waited on (or run synchronously) before backward has finished"""
+    with_the_work("BucketedDDP's overlap", lambda: _expect_single_process(submission, BUCKETED, ""))
     for world, name, outcome in _cases(submission, BUCKETED):
         for rank, record in enumerate(outcome["ranks"]):
             for step, (events,) in enumerate(record["steps"]):
@@ -221,6 +226,8 @@ def check_bucketed_does_not_wait_during_backward(submission):
 @pytest.mark.points(1)
 def check_accumulation_communicates_once_per_step(submission):
     """Gradient accumulation: no collective inside no_sync; one all-reduce per bucket on the last micro-batch"""
+    with_the_work("accumulation's communication",
+                  lambda: _expect_single_process(submission, (ACCUMULATION,), ""))
     for world, name, outcome in _cases(submission, (ACCUMULATION,)):
         want = expected_buckets(outcome["param_bytes"], CAP_OF[name])
         for rank, record in enumerate(outcome["ranks"]):

@@ -191,6 +191,7 @@ def check_zero1_matches_unsharded_sgd_momentum(submission):
 @pytest.mark.points(2)
 def check_zero1_optimizer_state_bytes(submission, metrics):
     """ShardedOptimizer: the inner optimizer's state and parameters take 1/N of the unsharded optimizer's bytes"""
+    with_the_work("ZeRO-1's state bytes", lambda: check_zero1_matches_unsharded_adam(submission))
     for n, case in _case(submission, "zero1_adam").items():
         for rank in range(n):
             if not case["inner_ok"][rank]:
@@ -233,6 +234,7 @@ def check_zero3_matches_unsharded_adam(submission):
 @pytest.mark.points(1)
 def check_zero3_stores_only_shards(submission):
     """Zero3Sequential holds one ceil(numel/N) shard per layer: about 1/N of the model's bytes per rank"""
+    with_the_work("ZeRO-3's stored bytes", lambda: check_zero3_matches_unsharded_adam(submission))
     for n, case in _case(submission, "zero3_adam").items():
         sizes = case["layer_sizes"][0]
         want_sizes = [math.ceil(s / n) for s in sizes]
@@ -266,6 +268,7 @@ def check_zero3_traffic(submission):
 @pytest.mark.points(2)
 def check_zero3_peak_gathered_bytes(submission, metrics):
     """Zero3Sequential: gathered parameters are freed after each layer (peak about one layer, not the model)"""
+    with_the_work("ZeRO-3's peak", lambda: check_zero3_matches_unsharded_adam(submission))
     for n, case in _case(submission, "zero3_adam").items():
         sizes = case["layer_sizes"][0]
         layer_bytes = [8 * n * math.ceil(s / n) for s in sizes]
