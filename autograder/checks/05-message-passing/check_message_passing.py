@@ -11,7 +11,7 @@ prescribes, so distributed results must equal it bit for bit.
 import numpy as np
 import pytest
 
-from autograder.grading.checking import expect_array, expect_close
+from autograder.grading.checking import expect_array, expect_close, with_the_work
 from autograder.grading.submission import NotImplementedYet, SubmissionError
 from autograder.grading.traffic import MPI_HEADER_BYTES, expect_crossed
 
@@ -169,6 +169,8 @@ def check_exchange_halos_nonblocking(submission):
 @pytest.mark.points(2)
 def check_nonblocking_posts_receives_before_waiting(submission):
     """exchange_halos_nonblocking posts both Irecv before it waits, and uses no blocking call"""
+    with_the_work("the non-blocking exchange's order",
+                  lambda: _check_halos(submission, "halo_1d_nonblocking", "exchange_halos_nonblocking"))
     for n in RANKS:
         job = _on_ranks(submission, "halo_1d_nonblocking", n)
         for rank in range(n):
