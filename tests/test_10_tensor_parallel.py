@@ -178,10 +178,19 @@ def test_saved_watch_sees_what_autograd_saves_for_backward():
 
 class _FakeSubmission:
     def __init__(self, outcomes):
-        self.outcomes = outcomes
+        self.outcomes, self.flags = outcomes, []
 
     def harness_once(self, key, func, t):
         return self.outcomes[t]
+
+
+def _counted(outcome, t, forward_reduces, backward_reduces, nbytes):
+    """``outcome`` with what the launcher would count for its all-reduces of ``nbytes`` on t ranks."""
+    from course.wire import gloo_bytes
+
+    wire = {"forward": forward_reduces * gloo_bytes("all_reduce", nbytes, t),
+            "backward": backward_reduces * gloo_bytes("all_reduce", nbytes, t)}
+    return {name: {**case, "wire": wire} for name, case in outcome.items()}
 
 
 def test_heads_check_fails_with_no_error_raised_when_it_builds_silently():
@@ -195,9 +204,13 @@ def test_heads_check_fails_with_no_error_raised_when_it_builds_silently():
 def test_collective_check_names_what_came_and_what_was_expected():
     record = {"activation": 512, "forward": {"all-reduce of 512": 2}, "backward": {"all-reduce of 512": 4}}
     outcome = {"layer_tp": {"status": "ok", "ranks": [record, record]}}
+    counted = {t: _counted(outcome, t, 2, 2, 8 * 512) for t in (2, 4)}  # the kernel's count is right here
     with pytest.raises(AssertionError, match=r"backward: collectives \{'all-reduce of 512': 4\}, expected "
                                               r"\{'all-reduce of 512': 2\}"):
-        checks.check_tensor_parallel_layer_collectives(_FakeSubmission({2: outcome, 4: outcome}))
+        checks.check_tensor_parallel_layer_collectives(_FakeSubmission(counted))
+    counted = {t: _counted(outcome, t, 2, 4, 8 * 512) for t in (2, 4)}  # and here it is not
+    with pytest.raises(AssertionError, match=r"backward: \d+ bytes crossed between the ranks"):
+        checks.check_tensor_parallel_layer_collectives(_FakeSubmission(counted))
 
 
 def test_sizes_keep_activations_below_every_full_weight():
@@ -238,7 +251,8 @@ def test_cross_entropy_audit_names_a_gather_and_a_whole_vocabulary_tensor():
         checks.check_vocab_parallel_cross_entropy_sends_per_token_values(_FakeSubmission({2: outcome, 4: outcome}))
     fine = _vocab_record(fused, [192, [8, 2, 12]], tokens=16, limit=384)
     outcome = {"cross_entropy": {"status": "ok", "ranks": [fine, fine]}}
-    checks.check_vocab_parallel_cross_entropy_sends_per_token_values(_FakeSubmission({2: outcome, 4: outcome}))
+    checks.check_vocab_parallel_cross_entropy_sends_per_token_values(
+        _FakeSubmission({t: _counted(outcome, t, 3, 0, 8 * 16) for t in (2, 4)}))
 
 
 def test_vocab_audits_credit_nothing_when_the_values_are_wrong():
