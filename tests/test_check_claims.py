@@ -266,6 +266,7 @@ CLAIMS = {
         'run_plan_gradient_accumulation_matches_single_process': 'run_plan: micro-batch loss not divided by the number of micro-batches',
         'run_plan_recompute_and_adam_match_single_process': 'run_plan: DDP over the whole world instead of the dp group',
         'run_plan_rejects_unsupported_plans': 'run_plan runs a ZeRO plan as plain data parallelism instead of refusing it',
+        'run_plan_2x2_traffic': 'run_plan ignores the mesh: whole models, data parallel over every rank',
         'run_plan_times_ranked_by_cost_model': "compute time upside down: the device's speed over the flops",
         'memory_matches_module_07_estimator': "one stage counts the output head apart from the embedding, as a pipeline's last stage does",
         'memory_follows_the_zero_table': "ZeRO's memory not divided by dp",

@@ -17,7 +17,10 @@ mistake below moves the parameters by more than 1e-4). Cases: 2 × 2, 4 × 1
 hidden 16, 4 heads, sequences of 8, a batch of 8, a vocabulary of 32, and
 trains 3 SGD steps of learning rate 0.5 (0.01 for Adam), so that a wrong
 gradient shows in the second and third losses and in every parameter. Plans
-with pp = 2 or zero = 1 must raise ``ValueError``.
+with pp = 2 or zero = 1 must raise ``ValueError``. One more 2 × 2 case, of
+hidden 64 and one step, is counted on the wire: the launcher's count of what
+crossed between the ranks (``course.wire``) must be the mesh's traffic
+(``mesh_traffic``), which a whole model on every rank exceeds twofold.
 
 Cost model. One job of 4 processes (harness_hybrid.hybrid_measure_job)
 measures this machine while all 4 run at once: a process's float32 matmul
@@ -45,8 +48,11 @@ import math
 
 import pytest
 
+from autograder.grading.checking import with_the_work
 from autograder.grading.submission import failure_from, not_implemented_yet
+from autograder.grading.traffic import expect_crossed
 from course.fits import spearman
+from course.wire import gloo_bytes, gloo_messages
 
 TOL = 1e-9
 WORLD = 4
@@ -73,6 +79,9 @@ CASES = {
     "dp2_tp2_microbatches2": {"plan": plan(2, 2, microbatches=2), "model": gpt()},
     "dp2_tp2_recompute_adam": {"plan": plan(2, 2, recompute=["full", "none"]),
                                "model": gpt(optimizer="adam", lr=0.01)},
+    # Wider, for the count of what crossed: its payload outweighs gloo's headers, so that a whole model
+    # on every rank (data parallel over all 4) sends twice what the mesh does, NaiveDDP's many messages included.
+    "dp2_tp2_wide": {"plan": plan(2, 2), "model": gpt(hidden=64, steps=1)},
     "refuse": {"refuse": [plan(2, 1, pp=2, stages=[1, 1]), plan(2, 2, zero=1)], "model": gpt()},
 }
 REFUSED = ("pp=2 (dp=2, tp=1, stages [1, 1])", "zero=1 (dp=2, tp=2)")
@@ -210,6 +219,50 @@ def check_run_plan_rejects_unsupported_plans(submission):
         for what, refused in zip(REFUSED, record["refusals"]):
             assert refused["raised"], (f"run_plan with {what} returned on rank {rank} without raising; it runs "
                                        "pp == 1 and zero == 0 only and must raise ValueError otherwise")
+
+
+def _shard_elements(model, tp):
+    """Elements of one tp rank's shard of TinyGPT (``tp_shards``' layout): what DP all-reduces."""
+    h, L, V, s = model["hidden"], model["layers"], model["vocab"], model["seq"]
+    split = V * h + L * (3 * h * h + 3 * h + h * h + 4 * h * h + 4 * h + 4 * h * h)  # column and row halves
+    whole = s * h + L * (2 * h + h + 2 * h + h) + 2 * h  # position table, LayerNorms, row layers' biases
+    return split // tp + whole
+
+
+def mesh_traffic(plan, model):
+    """(least, most, messages): the bytes a dp x tp run_plan must send (float64), all ranks
+    together. Each step and micro-batch, every tp group all-reduces the [s, b, h]
+    activations 2L + 1 times forward (embedding, attention, MLP) and 2L + 1 backward (f
+    before q/k/v and fc1, and before the tied head), twice more per recomputed layer, and
+    at least 2 per-token values for the loss (at most 3, each way); each dp group
+    all-reduces its shard's gradients once a step. ``most`` adds DDP's broadcast of the
+    shards, the loss's third value, the step's loss and barriers, and gloo's headers for
+    all of those messages (NaiveDDP's one all-reduce per parameter included)."""
+    dp, tp, m = plan["dp"], plan["tp"], plan["microbatches"]
+    L, steps = model["layers"], model["steps"]
+    tokens = model["seq"] * model["batch"] // dp // m
+    activation, shard = 8 * tokens * model["hidden"], 8 * _shard_elements(model, tp)
+    per_micro = (4 * L + 2 + 2 * plan["recompute"].count("full")) * gloo_bytes("all_reduce", activation, tp)
+    loss = gloo_bytes("all_reduce", 8 * tokens, tp)
+    least = steps * (dp * m * (per_micro + 2 * loss) + tp * gloo_bytes("all_reduce", shard, dp))
+    per_micro_reduces = 4 * L + 2 + 2 * plan["recompute"].count("full") + 6  # + the loss's, both ways
+    parameters = 2 + 12 * L + 2  # TinyGPT's tensors: NaiveDDP all-reduces each on its own
+    messages = steps * (dp * m * per_micro_reduces * gloo_messages("all_reduce", tp)
+                        + tp * (parameters + 3) * gloo_messages("all_reduce", dp))  # + the loss, two barriers
+    most = least + steps * dp * m * 4 * loss + tp * gloo_bytes("broadcast", shard, dp)
+    return least, most, messages
+
+
+@pytest.mark.points(1)
+def check_run_plan_2x2_traffic(submission):
+    """run_plan on 2 x 2 sends what the mesh needs: each tp group's activation all-reduces, each dp group's shard gradients (the kernel's count)"""
+    with_the_work("the mesh's traffic", lambda: _expect_single_process(submission, "dp2_tp2_wide"))
+    least, most, messages = mesh_traffic(CASES["dp2_tp2_wide"]["plan"], CASES["dp2_tp2_wide"]["model"])
+    outcome = submission.harness_once("hybrid_cases", "hybrid_cases_job", CASES)["dp2_tp2_wide"]
+    expect_crossed(submission, outcome["wire"], "run", least, messages,
+                   f"run_plan({_plan_text(plan(2, 2))}) of a GPT of hidden 64, one step",
+                   "TP's all-reduces of the activations within each tp group and DP's all-reduce of the shards' "
+                   "gradients within each dp group (a whole model per rank sends more)", most=most)
 
 
 # --- the cost model against measured step times ------------------------------------------------------

@@ -45,6 +45,7 @@ error): its ranks may be inside different collectives by then.
 call: ``[{"time": float} or {"error": "..."}]`` (a stub: ``{"not_implemented"}``).
 """
 from autograder.grading.checking import run_cases, save_record
+from autograder.grading.traffic import crossed_in_phases
 from course import dist as launcher
 from course.fits import ring_allreduce_fit
 
@@ -196,7 +197,9 @@ def cases_rank_side(names, cases, folder):
             if "refuse" in case:
                 record = _refusals(student, case)
             else:
+                launcher.mark(f"{name}:start")  # what run_plan sends, counted by the launcher
                 result = student.run_plan(case["plan"], case["model"])
+                launcher.mark(f"{name}:run")
                 record = _compare(result, case["plan"], case["model"], rank)
         except NotImplementedError as exc:  # a stub raises on every rank alike
             record = {"status": "not_implemented", "message": str(exc)}
@@ -214,14 +217,21 @@ def _merge(records):
 
 def hybrid_cases_job(cases):
     """{case name: outcome}; see the module docstring."""
+    jobs = []
+
     def start(pending, folder):  # gloo: the models are tiny and live on the CPU
-        return launcher.run(f"{__file__}:cases_rank_side", WORLD, list(pending), {n: cases[n] for n in pending},
-                            folder, timeout=CASES_TIMEOUT_S, backend="gloo", idle_timeout=launcher.IDLE_TIMEOUT_S)
+        jobs.append(launcher.run(f"{__file__}:cases_rank_side", WORLD, list(pending), {n: cases[n] for n in pending},
+                                 folder, timeout=CASES_TIMEOUT_S, backend="gloo",
+                                 idle_timeout=launcher.IDLE_TIMEOUT_S, count_wire=True))
+        return jobs[-1]
 
     def after_hang(name, pending):  # every training case runs the same code: each would hang as long
         return [n for n in pending if "refuse" not in cases[n]]
 
-    return run_cases(start, list(cases), WORLD, _merge, after_hang=after_hang)
+    outcomes = run_cases(start, list(cases), WORLD, _merge, after_hang=after_hang)
+    for name, outcome in outcomes.items():
+        outcome["wire"] = crossed_in_phases(jobs, name, ("run",))
+    return outcomes
 
 
 # --- measuring the machine and run_plan ----------------------------------------------------------------
