@@ -196,7 +196,8 @@ def expect_compiled(compiled: dict, name: str, metrics: dict | None = None, note
     return None
 
 
-def run_cases(start_job, cases, ranks, merge, *, stem=str, name=str, explain=None, after_hang=None) -> dict:
+def run_cases(start_job, cases, ranks, merge, *, stem=str, name=str, explain=None, after_hang=None,
+              counted=None) -> dict:
     """``{name(case): outcome}`` for every case, on ``ranks`` processes (or
     ``ranks(case)``, the ranks that save a record of it), in as few jobs as it can.
 
@@ -212,6 +213,11 @@ def run_cases(start_job, cases, ranks, merge, *, stem=str, name=str, explain=Non
     the cases after it run again in a new job. ``after_hang(case, pending)``
     lists pending cases not worth running once ``case`` hung (each hang costs
     an idle stop, or a whole timeout if it spins); they are reported as not run.
+
+    ``counted``: the phases of each case its ranks mark (``course.wire.mark(f"{name}:
+    {phase}")``, after ``f"{name}:start"``) in jobs started with ``count_wire=True``;
+    each outcome then holds ``"wire"``, the bytes that crossed in each phase
+    (``autograder.grading.traffic.crossed_in_phases``).
     """
     import pickle
     import shutil
@@ -219,11 +225,12 @@ def run_cases(start_job, cases, ranks, merge, *, stem=str, name=str, explain=Non
     from pathlib import Path
 
     explain = explain or (lambda job: job.explain())
-    outcomes, pending = {}, list(cases)
+    outcomes, pending, jobs = {}, list(cases), []
     while pending:
         folder = tempfile.mkdtemp(prefix="k2c-cases-")
         try:
             job = start_job(pending, folder)
+            jobs.append(job)
             rest = []
             for case in pending:
                 files = [Path(folder) / f"{stem(case)}.{rank}.pkl"
@@ -244,6 +251,11 @@ def run_cases(start_job, cases, ranks, merge, *, stem=str, name=str, explain=Non
             for case in skipped:
                 outcomes[name(case)] = {"status": "timeout", "message": f"not run: {name(failed)} hung first"}
             pending = [case for case in pending if case not in skipped]
+    if counted:
+        from autograder.grading.traffic import crossed_in_phases
+
+        for key, outcome in outcomes.items():
+            outcome["wire"] = crossed_in_phases(jobs, key, counted)
     return outcomes
 
 

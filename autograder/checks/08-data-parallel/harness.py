@@ -53,7 +53,6 @@ import inspect
 import numpy as np
 
 from autograder.grading.checking import run_cases, save_record
-from autograder.grading.traffic import crossed_in_phases
 from course import dist
 
 SEED = 808
@@ -269,18 +268,10 @@ def rank_side(cases, folder):
 
 def ddp_job(world, timeout=JOB_TIMEOUT_S):
     """{case name: {"status": ..., per-rank records or a message}} for ``world`` processes."""
-    jobs = []
-
-    def start(pending, folder):
-        jobs.append(dist.run(f"{__file__}:rank_side", world, pending, folder, timeout=timeout, backend="gloo",
-                             idle_timeout=dist.IDLE_TIMEOUT_S, count_wire=True))
-        return jobs[-1]
-
-    outcomes = run_cases(start, list(enumerate(CASES)), world, _merge, stem=lambda case: case[0],
-                         name=lambda case: case_name(*case[1]), after_hang=_same_wrapper)
-    for name, outcome in outcomes.items():
-        outcome["wire"] = crossed_in_phases(jobs, name, ("steps",))
-    return outcomes
+    start = lambda pending, folder: dist.run(f"{__file__}:rank_side", world, pending, folder, timeout=timeout,
+                                             backend="gloo", idle_timeout=dist.IDLE_TIMEOUT_S, count_wire=True)
+    return run_cases(start, list(enumerate(CASES)), world, _merge, stem=lambda case: case[0],
+                     name=lambda case: case_name(*case[1]), after_hang=_same_wrapper, counted=("steps",))
 
 
 def _same_wrapper(hung, pending):

@@ -37,7 +37,6 @@ import functools
 import inspect
 
 from autograder.grading.checking import rank_records, run_cases, save_record
-from autograder.grading.traffic import crossed_in_phases
 from course import dist as launcher
 
 SEED = 2026
@@ -528,14 +527,7 @@ def rank_side(names, t_expected, folder):
 def cases_job(t, names=CASES):
     """{case: outcome} for ``t`` ranks; see the module docstring."""
     # gloo on both tiers: the model is tiny and its tensors live on the CPU.
-    jobs = []
-
-    def start(pending, folder):
-        jobs.append(launcher.run(f"{__file__}:rank_side", t, list(pending), t, folder, timeout=JOB_TIMEOUT_S,
-                                 backend="gloo", idle_timeout=launcher.IDLE_TIMEOUT_S, count_wire=True))
-        return jobs[-1]
-
-    outcomes = run_cases(start, names, t, rank_records)
-    for name, outcome in outcomes.items():
-        outcome["wire"] = crossed_in_phases(jobs, name, ("forward", "backward"))
-    return outcomes
+    start = lambda pending, folder: launcher.run(f"{__file__}:rank_side", t, list(pending), t, folder,  # noqa: E731
+                                                 timeout=JOB_TIMEOUT_S, backend="gloo",
+                                                 idle_timeout=launcher.IDLE_TIMEOUT_S, count_wire=True)
+    return run_cases(start, names, t, rank_records, counted=("forward", "backward"))

@@ -27,7 +27,6 @@ say which case it was; the cases after it are not run (they use the same code
 and would hang as long), see ``autograder.grading.checking.run_cases``.
 """
 from autograder.grading.checking import TooLong, plain, rank_records, run_cases, save_record, within
-from autograder.grading.traffic import crossed_in_phases
 from course import dist as launcher
 
 DIMS = (5, 8, 8, 8, 8, 8, 8, 8, 3)  # 8 Linear layers; every stage boundary carries width 8
@@ -205,15 +204,8 @@ def rank_side(cases, folder):
 def executor_job(n, cases, timeout=JOB_TIMEOUT_S):
     """{case name: {"status": ..., "ranks": per-rank records, or "message"}} on ``n`` ranks."""
     # gloo on both tiers: the model is tiny and its tensors live on the CPU.
-    jobs = []
-
-    def start(pending, folder):
-        jobs.append(launcher.run(f"{__file__}:rank_side", n, pending, folder, timeout=timeout, backend="gloo",
-                                 idle_timeout=launcher.IDLE_TIMEOUT_S, count_wire=True))
-        return jobs[-1]
-
-    outcomes = run_cases(start, cases, n, rank_records, stem=lambda case: case[0], name=lambda case: case[0],
-                         after_hang=lambda hung, pending: list(pending))
-    for name, outcome in outcomes.items():
-        outcome["wire"] = crossed_in_phases(jobs, name, ("steps",))
-    return outcomes
+    start = lambda pending, folder: launcher.run(f"{__file__}:rank_side", n, pending, folder, timeout=timeout,
+                                                 backend="gloo", idle_timeout=launcher.IDLE_TIMEOUT_S,
+                                                 count_wire=True)
+    return run_cases(start, cases, n, rank_records, stem=lambda case: case[0], name=lambda case: case[0],
+                     after_hang=lambda hung, pending: list(pending), counted=("steps",))

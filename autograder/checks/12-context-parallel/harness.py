@@ -22,7 +22,6 @@ output and gradients. A rank writes a file per case as soon as it is done
 run (``run_cases``' ``after_hang``): they use the same code and would hang as long.
 """
 from autograder.grading.checking import rank_records, run_cases, save_record
-from autograder.grading.traffic import crossed_in_phases
 from course import dist as launcher
 
 JOB_TIMEOUT_S = 30  # a correct job of 4 processes takes a few seconds; a deadlock ends sooner, when the job idles
@@ -190,21 +189,15 @@ def rank_side(names, cases, P_expected, folder):
 
 def cases_job(P, cases, job_timeout=JOB_TIMEOUT_S):
     """{case name: outcome} on ``P`` ranks for ``cases`` ({name: case}); see the module docstring."""
-    jobs = []
-
     def start(pending, folder):  # gloo on both tiers: the tensors are tiny and live on the CPU
-        jobs.append(launcher.run(f"{__file__}:rank_side", P, list(pending), {n: cases[n] for n in pending}, P, folder,
-                                 timeout=job_timeout, backend="gloo", idle_timeout=launcher.IDLE_TIMEOUT_S,
-                                 count_wire=True))
-        return jobs[-1]
+        return launcher.run(f"{__file__}:rank_side", P, list(pending), {n: cases[n] for n in pending}, P, folder,
+                            timeout=job_timeout, backend="gloo", idle_timeout=launcher.IDLE_TIMEOUT_S,
+                            count_wire=True)
 
     def after_hang(name, pending):  # the same function would hang again, a timeout each
         return [n for n in pending if cases[n]["function"] == cases[name]["function"]]
 
-    outcomes = run_cases(start, list(cases), P, rank_records, after_hang=after_hang)
-    for name, outcome in outcomes.items():
-        outcome["wire"] = crossed_in_phases(jobs, name, ("forward", "backward"))
-    return outcomes
+    return run_cases(start, list(cases), P, rank_records, after_hang=after_hang, counted=("forward", "backward"))
 
 
 # --- the GPU tier ------------------------------------------------------------------------------

@@ -45,7 +45,6 @@ error): its ranks may be inside different collectives by then.
 call: ``[{"time": float} or {"error": "..."}]`` (a stub: ``{"not_implemented"}``).
 """
 from autograder.grading.checking import run_cases, save_record
-from autograder.grading.traffic import crossed_in_phases
 from course import dist as launcher
 from course.fits import ring_allreduce_fit
 
@@ -217,21 +216,15 @@ def _merge(records):
 
 def hybrid_cases_job(cases):
     """{case name: outcome}; see the module docstring."""
-    jobs = []
-
     def start(pending, folder):  # gloo: the models are tiny and live on the CPU
-        jobs.append(launcher.run(f"{__file__}:cases_rank_side", WORLD, list(pending), {n: cases[n] for n in pending},
-                                 folder, timeout=CASES_TIMEOUT_S, backend="gloo",
-                                 idle_timeout=launcher.IDLE_TIMEOUT_S, count_wire=True))
-        return jobs[-1]
+        return launcher.run(f"{__file__}:cases_rank_side", WORLD, list(pending), {n: cases[n] for n in pending},
+                            folder, timeout=CASES_TIMEOUT_S, backend="gloo", idle_timeout=launcher.IDLE_TIMEOUT_S,
+                            count_wire=True)
 
     def after_hang(name, pending):  # every training case runs the same code: each would hang as long
         return [n for n in pending if "refuse" not in cases[n]]
 
-    outcomes = run_cases(start, list(cases), WORLD, _merge, after_hang=after_hang)
-    for name, outcome in outcomes.items():
-        outcome["wire"] = crossed_in_phases(jobs, name, ("run",))
-    return outcomes
+    return run_cases(start, list(cases), WORLD, _merge, after_hang=after_hang, counted=("run",))
 
 
 # --- measuring the machine and run_plan ----------------------------------------------------------------
