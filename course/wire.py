@@ -13,7 +13,7 @@ own connections are in it.
     seen = Connections()
     seen.sample()          # first: what is there already is not counted
     seen.sample()          # as often as the job may open and close connections
-    seen.bytes_sent()      # over every loopback connection opened since the first
+    seen.bytes_sent()      # over every connection within this machine opened since the first
 
 ``gloo_bytes`` gives what gloo's collectives send, all ranks together, as
 measured here: a ring all-reduce, and a reduce-scatter that gloo runs as a whole

@@ -12,8 +12,8 @@ reports the largest tensor it made.
 
 ``cases_job(P, cases)`` runs every ring and Ulysses case on P ranks in one
 ``course.dist`` job, whose launcher counts the bytes that crossed between the
-ranks in each case's forward and backward (``count_wire``, ``course.dist.mark``). Each rank takes its shard of the whole q, k, v and upstream
-gradient (the positions the case gives it: contiguous, or for causal ring
+ranks in each case's forward and backward (``count_wire``, ``course.dist.mark``).
+Each rank takes its shard of the whole q, k, v and upstream gradient (the positions the case gives it: contiguous, or for causal ring
 attention the documented zigzag layout), runs the student's function forward and backward under
 ``OpLog`` (the messages, all-to-alls, waits and compute of each phase, and the
 largest tensor whose last dimension is the head dimension), and records its
