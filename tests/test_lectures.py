@@ -1,0 +1,89 @@
+"""The shape of a lecture: enough prose to teach, and worked problems with checked answers.
+
+Prose is what the markdown cells say, without code blocks, inline code, maths
+or HTML. A worked problem is a markdown cell whose first line starts with
+``**Problem``; the cells right after it tagged ``answer`` hold its answer, and
+at least one of them is a code cell that asserts it, so nbval checks the
+answer every time the lecture runs. ``python tests/test_lectures.py`` prints
+the table.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+LECTURES = Path(__file__).resolve().parents[1] / "course" / "lectures"
+PART_II_III = [f"{n:02d}" for n in range(5, 14)]
+MIN_WORDS, MIN_PROBLEMS = 3000, 3
+WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*")
+NOT_PROSE = re.compile(r"```.*?```|\$\$.*?\$\$|\$[^$\n]+\$|`[^`\n]+`|<[^>\n]+>", re.S)
+
+
+def _cells(path: Path) -> list[dict]:
+    return json.loads(path.read_text())["cells"]
+
+
+def _source(cell: dict) -> str:
+    return "".join(cell.get("source", ""))
+
+
+def prose_words(path: Path) -> int:
+    return sum(len(WORD.findall(NOT_PROSE.sub(" ", _source(c)))) for c in _cells(path) if c["cell_type"] == "markdown")
+
+
+def problems(path: Path) -> list[tuple[str, bool]]:
+    """``(first line, answered)`` for each worked problem: answered when tagged cells follow it and one asserts."""
+    cells, found = _cells(path), []
+    for i, cell in enumerate(cells):
+        text = _source(cell).lstrip()
+        if cell["cell_type"] != "markdown" or not text.startswith("**Problem"):
+            continue
+        answer = []
+        for after in cells[i + 1:]:
+            if "answer" not in after.get("metadata", {}).get("tags", []):
+                break
+            answer.append(after)
+        asserts = any(c["cell_type"] == "code" and re.search(r"^\s*assert\b", _source(c), re.M) for c in answer)
+        found.append((text.splitlines()[0], bool(answer) and asserts))
+    return found
+
+
+def lecture(number: str) -> Path:
+    (path,) = LECTURES.glob(f"{number}-*.ipynb")
+    return path
+
+
+@pytest.mark.parametrize("number", PART_II_III)
+def test_a_part_ii_iii_lecture_teaches_in_prose_and_works_problems(number):
+    path = lecture(number)
+    words, found = prose_words(path), problems(path)
+    assert words >= MIN_WORDS, f"{path.name}: {words} words of prose, at least {MIN_WORDS} wanted"
+    unanswered = [first for first, answered in found if not answered]
+    assert not unanswered, f"{path.name}: problems without an asserted answer (cells tagged 'answer'): {unanswered}"
+    assert len(found) >= MIN_PROBLEMS, f"{path.name}: {len(found)} worked problems, at least {MIN_PROBLEMS} wanted"
+
+
+def test_the_measures_see_prose_problems_and_answers(tmp_path):
+    def cell(kind, source, tags=()):
+        return {"cell_type": kind, "source": source, "metadata": {"tags": list(tags)},
+                **({"outputs": [], "execution_count": None} if kind == "code" else {})}
+
+    path = tmp_path / "99-x.ipynb"
+    path.write_text(json.dumps({"cells": [
+        cell("markdown", "Three words here `not_these` $x + y$\n```\nnor this\n```"),
+        cell("markdown", "**Problem 1.** How many?"), cell("code", "n = 2\nassert n == 2", ["answer"]),
+        cell("markdown", "**Problem 2.** Why?"), cell("markdown", "Because.", ["answer"]),
+        cell("markdown", "**Problem 3.** Untagged."), cell("code", "assert True"),
+    ]}))
+    assert prose_words(path) == 3 + 3 + 2 + 1 + 2
+    assert problems(path) == [("**Problem 1.** How many?", True), ("**Problem 2.** Why?", False),
+                              ("**Problem 3.** Untagged.", False)]
+
+
+if __name__ == "__main__":
+    for path in sorted(LECTURES.glob("[0-9][0-9]-*.ipynb")):
+        found = problems(path)
+        print(f"{path.name:32} {prose_words(path):6d} words  {sum(a for _, a in found)}/{len(found)} problems answered")
