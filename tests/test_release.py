@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from autograder.instructor import overlap
 from autograder.instructor.release import ReleaseError, contents, leaks, release
 from autograder.instructor.sync import strip_solutions
 from conftest import REPO, k2c
@@ -116,6 +117,51 @@ def test_a_hint_that_spells_out_the_body_is_a_leak(tmp_path):
     with pytest.raises(ReleaseError, match="would leak"):
         release(source, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+LONGER = ("def f(xs, lo, hi):\n    # BEGIN SOLUTION: HINT\n    out = []\n    for i, v in enumerate(xs):\n"
+          "        if lo <= v < hi and i % 2 == 0:\n            out.append((i, v * v - lo))\n"
+          "    return sorted(out, key=lambda p: (p[1], -p[0]))\n    # END SOLUTION\n")
+
+
+def test_the_overlap_measure_sees_an_answer_renamed_rewrapped_or_in_prose(tmp_path):
+    solution = LONGER.replace("HINT", "keep the even positions in range")
+    source = _course(tmp_path, solution, strip_solutions(solution))
+    # A lecture helper holds the body re-wrapped, re-indented, one name changed: no exact copy,
+    # most of the same tokens.
+    (source / "course" / "helper.py").write_text(
+        "def g(xs,lo,hi):\n  out=[]\n  for i,v in enumerate(xs):\n   if lo<=v<hi and i%2==0:\n"
+        "    out.append((i,v*v-lo))\n  return sorted(out,key=lambda q:(q[1],-q[0]))\n")
+    assert leaks(source / "solutions", contents(source))[0] == []
+    (found,) = overlap.shares(source / "solutions", contents(source))
+    assert found.size >= overlap.MIN_GRAMS and 0.7 < found.released < 1 and found.top_file == "course/helper.py"
+    assert overlap.problems([found]) and not (tmp_path / "out").exists()
+    with pytest.raises(ReleaseError, match=r"(?s)too much of the answers.*0\.\d\d of its 5-grams"):
+        release(source, tmp_path / "out")
+    # Half of it, in a notebook's markdown (prose counts: the names and operators are the code).
+    (source / "course" / "helper.py").unlink()
+    half = "Loop `for i, v in enumerate(xs): if lo <= v < hi and i % 2 == 0:` and so on."
+    (source / "course" / "notes.ipynb").write_text(json.dumps({"cells": [{"cell_type": "markdown", "source": half}]}))
+    (found,) = overlap.shares(source / "solutions", contents(source))
+    assert 0.2 < found.released < 0.5 and found.top_file == "course/notes.ipynb"
+    assert overlap.problems([found]) == []
+    # A hint that is a sentence passes; lines of the answer, or a paragraph, do not.
+    for hint, why in [("out.append((i, v * v - lo)) for even i, then return sorted(out, key=lambda p: (p[1], -p[0]))",
+                       "of its 5-grams"), ("keep " + "the pairs at even positions whose values lie in range " * 3,
+                                       "characters")]:
+        solution = LONGER.replace("HINT", hint)
+        (source / "solutions/01-x/m.py").write_text(solution)
+        (source / "labs/01-x/m.py").write_text(strip_solutions(solution))
+        (found,) = overlap.shares(source / "solutions", contents(source))
+        assert any(why in line for line in overlap.problems([found])), (hint, found)
+
+
+def test_the_release_holds_at_most_half_of_any_answer_and_hints_are_one_sentence(released):
+    """Issue 33's measure on what `k2c release` wrote (read back from the student repository)."""
+    files = {rel: ((released / rel).read_bytes(), False) for rel in git(released, "ls-files").splitlines()}
+    found = overlap.shares(REPO / "solutions", files)
+    assert len(found) > 100 and sum(s.size >= overlap.MIN_GRAMS for s in found) > 100
+    assert overlap.problems(found) == []
 
 
 def _hidden_lab(root, public_check, toml="hidden = [\"check_x_hidden.py\", \"oracles_hidden.py\"]\n"):

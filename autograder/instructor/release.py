@@ -18,7 +18,9 @@ with ``solutions/`` (the instructor ships the starters they have seen); each
 ``*_hidden`` file; no released check may import or name (``load_beside``) a
 module the release leaves out; and no solution region may appear in any
 released file, notebooks included (a hint that spells out the answer, a helper
-or lecture that copies one).
+or lecture that copies one), nor more than half of any region's token 5-grams
+(``autograder.instructor.overlap``: the lecture that shows the lab's own code
+with other names), nor a hint longer than one sentence.
 Notebooks are shipped without outputs: an output saved from a run on the
 reference shows the reference's answers.
 """
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autograder.grading.labs import hidden_problems
+from autograder.instructor import overlap
 from autograder.instructor.sync import BEGIN, END, SKIP, differences, expected_labs
 
 FOLDERS = ("course", "autograder")
@@ -307,6 +310,18 @@ def release(source: Path, target: Path, author: tuple[str, str] = AUTHOR, say=la
         raise ReleaseError(f"solution code would leak into the release ({_count(found, 'place')}):\n  {shown}\n"
                            "rewrite those hints or files so they no longer hold the reference, then release")
     say(f"no solution code in any of them ({regions} solution regions searched for, notebooks included)")
+    found = overlap.shares(source / "solutions", files)
+    too_much = overlap.problems(found)
+    if too_much:
+        shown = "\n  ".join(too_much[:20]) + ("\n  …" if len(too_much) > 20 else "")
+        raise ReleaseError(f"the release would hand out too much of the answers ({_count(too_much, 'place')}):\n  "
+                           f"{shown}\nteach on another instance, or cut the hint to a direction, then release "
+                           "('python -m autograder.instructor.overlap NN' shows a lab's table)")
+    worst = max((s for s in found if s.size >= overlap.MIN_GRAMS), key=lambda s: s.released, default=None)
+    if worst:
+        say(f"at most {worst.released:.2f} of a solution region's token 5-grams are in the release "
+            f"({worst.where}; bound {overlap.MAX_SHARE}); hints at most "
+            f"{max(s.hint_chars for s in found)} characters (bound {overlap.MAX_HINT_CHARS})")
     target.mkdir(parents=True, exist_ok=True)
     for rel, (data, executable) in files.items():
         path = target / rel
