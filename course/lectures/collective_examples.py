@@ -63,6 +63,33 @@ def time_allreduce(comm, sizes, repeats):
     return out
 
 
+def time_exchange_collectives(comm, sizes, repeats):
+    """Fastest of ``repeats`` calls of MPI's Alltoall and Allgather with the same bytes per rank.
+
+    For each size n (bytes each rank holds): Alltoall of an n-byte buffer (one n/p block to each
+    rank), and Allgather of an n/p-byte contribution (an n-byte result). Both send (p - 1)/p * n
+    bytes per rank. Returns ``{"alltoall": [...], "allgather": [...]}`` (seconds, slowest rank)."""
+    from mpi4py import MPI
+
+    p = comm.size
+    out = {"alltoall": [], "allgather": []}
+    for nbytes in sizes:
+        block = nbytes // p
+        full, result = np.ones(block * p, np.uint8), np.empty(block * p, np.uint8)
+        calls = {"alltoall": lambda: comm.Alltoall(full, result),
+                 "allgather": lambda: comm.Allgather(full[:block], result)}
+        for name, call in calls.items():
+            call()  # warm-up
+            samples = []
+            for _ in range(repeats):
+                comm.Barrier()
+                start = MPI.Wtime()
+                call()
+                samples.append(comm.allreduce(MPI.Wtime() - start, op=MPI.MAX))
+            out[name].append(float(np.min(samples)))
+    return out
+
+
 @contextlib.contextmanager
 def mpich_algorithm(name):
     """Ask MPICH to use one allreduce algorithm (``ring``, ``recursive_doubling`` …) for jobs started inside.
@@ -83,7 +110,7 @@ def mpich_algorithm(name):
                 os.environ[key] = value
 
 
-def allreduce_times(algorithm, p, sizes, repeats=9):
+def allreduce_times(algorithm, p, sizes, repeats=7):
     """Seconds per MPICH Allreduce with ``algorithm`` on ``p`` ranks, for each size in bytes."""
     with mpich_algorithm(algorithm):
         return mpi.run(time_allreduce, p, sizes, repeats, timeout=300).check().results[0]
@@ -218,3 +245,19 @@ def crossover_bytes(p, alpha, beta):
     if bytes_saved <= 0:  # p = 2: both send the whole vector once; recursive doubling pays fewer α
         return math.inf
     return alpha * rounds_saved / (beta * bytes_saved)
+
+
+def bus_bandwidth(collective, p, nbytes, seconds):
+    """nccl-tests' two bandwidths: algorithm bandwidth n/t, and bus bandwidth, which scales it by the
+    fraction of n each rank must move so that it can be set against one link's speed."""
+    algbw = nbytes / seconds
+    factor = {"allreduce": 2 * (p - 1) / p, "allgather": (p - 1) / p, "reduce_scatter": (p - 1) / p,
+              "alltoall": (p - 1) / p}[collective]
+    return algbw, algbw * factor
+
+
+def cost_hierarchical_allgather(nbytes, gpu_bw, node_bw):
+    """Bandwidth-bound all-gather of an nbytes result over many nodes: every GPU must take in about
+    nbytes through its own links, every node about nbytes through its network ports; pipelined, the
+    slower of the two decides."""
+    return max(nbytes / gpu_bw, nbytes / node_bw)

@@ -81,60 +81,99 @@ def swap_nonblocking(comm, nbytes):
     return int(into.sum())
 
 
-# --- the heat equation, distributed ------------------------------------------------
+# --- a periodic stencil, distributed ----------------------------------------------
+# The lecture's instance: a ring-shaped (periodic) grid and a five-point moving average, so each
+# rank needs TWO values from each neighbour and the neighbours wrap around. The lab's instance
+# (fixed boundaries, one ghost cell, MPI.PROC_NULL at the edges) is for the student to write.
 
-def block(n, size, rank):
-    """(start, stop) of rank's block of n rows: the first n % size ranks get one more."""
-    base, extra = divmod(n, size)
-    start = rank * base + min(rank, extra)
-    return start, start + base + (rank < extra)
+HALO = 2  # ghost cells on each side: the stencil reaches two points away
 
 
-def heat_serial(u, steps, alpha):
+def owned_range(n, size, rank):
+    """(first, last + 1) of rank's points: cut at floor(rank * n / size), so sizes differ by at most one.
+
+    Another balanced split than the lab's: with 10 points on 4 ranks it gives 2, 3, 2, 3.
+    """
+    return rank * n // size, (rank + 1) * n // size
+
+
+def smooth_serial(u, steps):
+    """``steps`` rounds of the periodic five-point average, on one process."""
     for _ in range(steps):
-        new = u.copy()
-        new[1:-1] = u[1:-1] + alpha * (u[:-2] - 2 * u[1:-1] + u[2:])
-        u = new
+        u = (np.roll(u, 2) + np.roll(u, 1) + u + np.roll(u, -1) + np.roll(u, -2)) / 5
     return u
 
 
-def heat_on_ranks(comm, u, steps, alpha):
-    """The 1D heat equation with one ghost cell each side; returns (start, this rank's points)."""
-    rank, size = comm.Get_rank(), comm.Get_size()
-    left = rank - 1 if rank > 0 else MPI.PROC_NULL
-    right = rank + 1 if rank < size - 1 else MPI.PROC_NULL
-    start, stop = block(len(u) - 2, size, rank)
-    local = u[start:stop + 2].copy()  # interior point k is u[k + 1]: the block and its two ghosts
+def smooth_on_ranks(comm, u, steps):
+    """The same average on a ring of ranks, HALO ghosts each side; returns (first, this rank's points).
+
+    Every rank must own at least HALO points, or its ghosts would come from two ranks away.
+    """
+    me, ranks = comm.Get_rank(), comm.Get_size()
+    before, after = (me - 1) % ranks, (me + 1) % ranks  # periodic: rank 0's left is the last rank
+    first, last = owned_range(len(u), ranks, me)
+    work = np.empty(last - first + 2 * HALO)
+    work[HALO:-HALO] = u[first:last]
     for _ in range(steps):
-        comm.Sendrecv(local[1:2], dest=left, recvbuf=local[-1:], source=right)
-        comm.Sendrecv(local[-2:-1], dest=right, recvbuf=local[0:1], source=left)
-        local = heat_serial(local, 1, alpha)
-    return start, local[1:-1]
+        # my lowest two points go to the rank before me while the rank after me fills my upper ghosts ...
+        comm.Sendrecv(work[HALO:2 * HALO], dest=before, sendtag=10, recvbuf=work[-HALO:], source=after, recvtag=10)
+        # ... and the mirror image
+        comm.Sendrecv(work[-2 * HALO:-HALO], dest=after, sendtag=11, recvbuf=work[:HALO], source=before, recvtag=11)
+        work[HALO:-HALO] = (work[:-4] + work[1:-3] + work[2:-2] + work[3:-1] + work[4:]) / 5
+    return first, work[HALO:-HALO].copy()
 
 
 # --- what a message costs ---------------------------------------------------------
 
-def ping_pong(comm, sizes, repeats):
-    """One-way times between ranks 0 and 1 (median of ``repeats`` round trips, halved), on rank 0."""
-    rank = comm.Get_rank()
-    if rank > 1:
+def exchange_times(comm, sizes, repeats):
+    """Ranks 0 and 1 swap ``nbytes`` both ways at once with one ``Sendrecv``: median seconds per swap, on rank 0.
+
+    A swap loads both directions of the path together, as a halo exchange does. (The lab's
+    ping-pong loads one direction at a time.)
+    """
+    me = comm.Get_rank()
+    if me > 1:
         return None
-    times = []
+    peer = 1 - me
+    medians = []
     for nbytes in sizes:
-        buf = np.zeros(nbytes, dtype=np.uint8)
-        trips = []
-        for trip in range(repeats + 2):  # two untimed round trips first: connections, page faults
-            start = time.perf_counter()
-            if rank == 0:
-                comm.Send(buf, dest=1)
-                comm.Recv(buf, source=1)
-            else:
-                comm.Recv(buf, source=0)
-                comm.Send(buf, dest=0)
-            if trip >= 2:
-                trips.append(time.perf_counter() - start)
-        times.append(float(np.median(trips)) / 2)
-    return times if rank == 0 else None
+        outgoing, incoming = np.ones(nbytes, dtype=np.uint8), np.empty(nbytes, dtype=np.uint8)
+        samples = []
+        for k in range(repeats + 2):  # the first two swaps set up the connection and touch the pages
+            t0 = time.perf_counter()
+            comm.Sendrecv(outgoing, dest=peer, recvbuf=incoming, source=peer)
+            if k >= 2:
+                samples.append(time.perf_counter() - t0)
+        medians.append(float(np.median(samples)))
+    return medians if me == 0 else None
+
+
+def stream_time(comm, nbytes, count):
+    """Rank 0 streams ``count`` messages of ``nbytes`` to rank 1: the median time between two arrivals
+    at rank 1, i.e. seconds per message with only one direction loaded (returned on rank 1)."""
+    me = comm.Get_rank()
+    if me > 1:
+        return None
+    data = np.ones(nbytes, dtype=np.uint8)
+    if me == 0:
+        for _ in range(count + 2):  # two more than timed: the first arrival only starts the clock
+            comm.Send(data, 1, 3)  # (buffer, destination, tag)
+        return None
+    arrivals = []
+    for _ in range(count + 2):
+        comm.Recv(data, 0, 3)
+        arrivals.append(time.perf_counter())
+    return float(np.median(np.diff(arrivals[1:])))
+
+
+def barrier_waits(comm, late_rank, delay_s):
+    """Every rank enters a barrier; ``late_rank`` arrives ``delay_s`` late. Each rank's seconds inside it."""
+    comm.Barrier()  # line everyone up first
+    if comm.Get_rank() == late_rank:
+        time.sleep(delay_s)
+    t0 = time.perf_counter()
+    comm.Barrier()
+    return time.perf_counter() - t0
 
 
 # --- pictures ------------------------------------------------------------------------
@@ -143,47 +182,81 @@ COLOURS = plt.get_cmap("tab10").colors
 
 
 def draw_decomposition(n, size, ax=None):
-    """n interior points and 2 boundary points split over size ranks; ghosts drawn hatched."""
+    """A periodic grid of n points split over size ranks; each rank's HALO ghosts each side drawn hatched."""
     if ax is None:
-        _, ax = plt.subplots(figsize=(0.42 * (n + 2) + 1.2, 0.55 * size + 1.0), layout="constrained")
-    for x in range(n + 2):
-        boundary = x in (0, n + 1)
-        ax.add_patch(Rectangle((x, size), 0.95, 0.8, facecolor="0.6" if boundary else "0.9", edgecolor="0.6"))
-    ax.text(n + 2.2, size + 0.4, "global grid (grey: fixed boundary)", va="center", fontsize=8)
+        _, ax = plt.subplots(figsize=(0.42 * (n + 2 * HALO) + 2.4, 0.55 * size + 1.0), layout="constrained")
+    for x in range(n):
+        ax.add_patch(Rectangle((x, size), 0.95, 0.8, facecolor="0.9", edgecolor="0.6"))
+    ax.text(n + HALO + 0.4, size + 0.4, "global grid (periodic: point n-1 touches point 0)", va="center", fontsize=8)
     for rank in range(size):
-        start, stop = block(n, size, rank)
+        first, last = owned_range(n, size, rank)
         y = size - 1 - rank
-        for x in range(start, stop + 2):  # global index of the block and its ghosts
-            ghost = x in (start, stop + 1)
+        for x in range(first - HALO, last + HALO):  # drawn at its place; a ghost past an end wraps around
+            ghost = not first <= x < last
             ax.add_patch(Rectangle((x, y), 0.95, 0.8, facecolor="white" if ghost else COLOURS[rank % 10],
                                    edgecolor=COLOURS[rank % 10], hatch="///" if ghost else None))
-        ax.text(n + 2.2, y + 0.4, f"rank {rank}: points {start + 1}..{stop}  ({stop - start})",
+            if ghost and not 0 <= x < n:
+                ax.text(x + 0.47, y + 0.4, str(x % n), ha="center", va="center", fontsize=6)
+        ax.text(n + HALO + 0.4, y + 0.4, f"rank {rank}: points {first}..{last - 1}  ({last - first})",
                 va="center", fontsize=8)
-    ax.set_xlim(-0.2, n + 9)
+    ax.set_xlim(-HALO - 0.2, n + HALO + 10)
     ax.set_ylim(-0.2, size + 1)
     ax.axis("off")
-    ax.set_title(f"{n} interior points on {size} ranks; hatched: ghost cells", fontsize=9)
+    ax.set_title(f"{n} points on {size} ranks; hatched: {HALO} ghost cells each side (numbers: wrapped points)",
+                 fontsize=9)
     return ax
 
 
 def draw_halo_exchange(ax=None):
-    """Two neighbouring ranks: each one's edge value travels into the other's ghost cell."""
+    """Two neighbouring ranks: each one's HALO edge points travel, in one message, into the other's ghosts."""
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 2.0), layout="constrained")
-    cells = {0: range(0, 6), 1: range(4, 10)}  # rank 1's block starts where rank 0's ends
+    boundary = 5  # rank 0 owns the points below it, rank 1 those from it on
+    cells = {0: range(0, boundary + HALO), 1: range(boundary - HALO, 2 * boundary)}
     for rank, xs in cells.items():
         y = 1.4 if rank == 0 else 0
         for x in xs:
-            ghost = x == xs[-1] if rank == 0 else x == xs[0]
+            ghost = x >= boundary if rank == 0 else x < boundary
             ax.add_patch(Rectangle((x + 0.05, y), 0.9, 0.7, facecolor="white" if ghost else COLOURS[rank],
                                    edgecolor=COLOURS[rank], hatch="///" if ghost else None))
-        ax.text(xs[0] - 0.2, y + 0.35, f"rank {rank}", ha="right", va="center", fontsize=9)
-    arrows = [((4.5, 1.4), (4.5, 0.7), "rank 0's last point -> rank 1's left ghost"),
-              ((5.5, 0.7), (5.5, 1.4), "rank 1's first point -> rank 0's right ghost")]
+        ax.text(min(xs) - 0.2, y + 0.35, f"rank {rank}", ha="right", va="center", fontsize=9)
+    down = boundary - HALO / 2  # the middle of rank 0's top HALO points, and of rank 1's first ones
+    arrows = [((down, 1.4), (down, 0.7), f"rank 0's last {HALO} points -> rank 1's lower ghosts"),
+              ((boundary + HALO / 2, 0.7), (boundary + HALO / 2, 1.4), f"rank 1's first {HALO} points -> rank 0's upper ghosts")]
     for (start, end, label), dx in zip(arrows, (-1, 1)):
         ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12, color="k"))
-        ax.text(5 + dx * 3.2, 1.05, label, ha="center", va="center", fontsize=8)
-    ax.set_xlim(-1.5, 11)
+        ax.text(boundary + dx * 3.6, 1.05, label, ha="center", va="center", fontsize=8)
+    ax.set_xlim(-1.5, 11.5)
     ax.set_ylim(-0.2, 2.3)
     ax.axis("off")
     return ax
+
+
+# --- reference hardware ----------------------------------------------------------------
+# One table of published per-GPU link speeds (GB/s in EACH direction), shared by the lectures
+# that put numbers on a cluster. NVIDIA quotes NVLink as 900 GB/s "bidirectional": 450 each way.
+HARDWARE = {
+    "nvlink4_link_GBps": 25.0,      # one NVLink 4 link, each direction
+    "nvlink4_links_per_gpu": 18,    # H100 SXM
+    "pcie5_x16_GBps": 64.0,         # PCIe 5.0, 16 lanes, each direction (nominal)
+    "ib_ndr_Gbps": 400.0,           # one InfiniBand NDR NIC per GPU, in gigaBITS per second
+    "gpus_per_node": 8,             # an HGX/DGX H100 node; NVSwitch connects all eight
+    "nvlink_measured_GBps": 370.0,  # a published all-gather measurement on H100, large messages
+}
+
+
+def nvlink_GBps(hw=HARDWARE):
+    """One H100's NVLink bandwidth, each direction: links times the speed of one."""
+    return hw["nvlink4_links_per_gpu"] * hw["nvlink4_link_GBps"]
+
+
+def ib_GBps(hw=HARDWARE):
+    """One GPU's InfiniBand bandwidth, each direction, in gigaBYTES per second."""
+    return hw["ib_ndr_Gbps"] / 8
+
+
+def timed(f):
+    """Seconds one call of ``f()`` takes."""
+    t0 = time.perf_counter()
+    f()
+    return time.perf_counter() - t0

@@ -41,12 +41,12 @@ def split_rows(n, size, rank):
     When ``size`` does not divide ``n``, the first ``n % size`` ranks get one row
     more than the others (10 rows on 4 ranks: 3, 3, 2, 2).
     """
-    raise NotImplementedError('not implemented yet: split_rows: base, extra = divmod(n, size); ranks before this one took `base` rows each, plus one each for the first `extra` of them')
+    raise NotImplementedError("not implemented yet: split_rows: Rank r's block starts after the rows of all earlier ranks; count the ones that got an extra row.")
 
 
 def neighbours(comm):
     """``(left, right)``: the ranks before and after this one; ``MPI.PROC_NULL`` past the domain's edges."""
-    raise NotImplementedError('not implemented yet: neighbours: the domain is not periodic: rank 0 has no left neighbour and the last rank no right one')
+    raise NotImplementedError('not implemented yet: neighbours: The domain is not periodic: the first rank has no neighbour before it and the last none after it.')
 
 
 # --- 2. Halo exchange in 1D ------------------------------------------------------
@@ -62,7 +62,7 @@ def exchange_halos(comm, u):
     can deadlock.
     """
     left, right = neighbours(comm)
-    raise NotImplementedError('not implemented yet: exchange_halos: comm.Sendrecv(sendbuf, dest=..., recvbuf=..., source=...) twice: send u[1:2] left while receiving u[-1:] from the right, then the mirror image. Slices are views, so received values land in u')
+    raise NotImplementedError('not implemented yet: exchange_halos: One Sendrecv per direction, each sending an edge value and receiving the opposite ghost; slices are views.')
 
 
 def exchange_halos_nonblocking(comm, u):
@@ -74,7 +74,7 @@ def exchange_halos_nonblocking(comm, u):
     waits until everything is under way.
     """
     left, right = neighbours(comm)
-    raise NotImplementedError('not implemented yet: exchange_halos_nonblocking: requests = [comm.Irecv(u[0:1], source=left, tag=...), ...]; then comm.Isend(...) for u[1:2] and u[-2:-1]; the tags of a send and its receive must match; finally request.Wait() for each')
+    raise NotImplementedError("not implemented yet: exchange_halos_nonblocking: Post both receives, then both sends, then wait on every request; each send's tag must match its receive.")
 
 
 # --- 3. The heat equation in 1D --------------------------------------------------
@@ -88,7 +88,7 @@ def heat_step_1d(u, alpha):
     evaluated in exactly that order (so every rank gets the bits the serial
     code gets), and whose first and last values are copied from ``u``.
     """
-    raise NotImplementedError('not implemented yet: heat_step_1d: copy u, then write the interior with slices u[:-2], u[1:-1], u[2:]')
+    raise NotImplementedError('not implemented yet: heat_step_1d: Copy the array, then update the whole interior at once from shifted slices: no Python loop.')
 
 
 def run_heat_1d(comm, u, steps, alpha, nonblocking=False):
@@ -102,7 +102,7 @@ def run_heat_1d(comm, u, steps, alpha, nonblocking=False):
     interior of the serial result.
     """
     exchange = exchange_halos_nonblocking if nonblocking else exchange_halos
-    raise NotImplementedError('not implemented yet: run_heat_1d: start, stop = split_rows(len(u) - 2, size, rank); interior point k is u[k + 1], so the block with its ghosts is u[start:stop + 2]')
+    raise NotImplementedError('not implemented yet: run_heat_1d: Take your block and one ghost each side from the global grid, then alternate exchange and step.')
 
 
 # --- 4. The heat equation in 2D, split by rows ------------------------------------
@@ -116,7 +116,7 @@ def exchange_halo_rows(comm, u):
     A row of a C-ordered array is contiguous, so ``u[1]`` can be sent as it is.
     """
     up, down = neighbours(comm)
-    raise NotImplementedError('not implemented yet: exchange_halo_rows: two Sendrecv calls, as in 1D, with whole rows: u[1] goes up while u[-1] arrives from below, u[-2] goes down while u[0] arrives from above')
+    raise NotImplementedError('not implemented yet: exchange_halo_rows: As in 1D, but each message is a whole row: your first owned row goes up, your last goes down.')
 
 
 def heat_step_2d(u, alpha):
@@ -126,7 +126,7 @@ def heat_step_2d(u, alpha):
 
     evaluated in exactly that order; the first and last rows and columns are copied from ``u``.
     """
-    raise NotImplementedError('not implemented yet: heat_step_2d: copy u, then write new[1:-1, 1:-1] with the four shifted slices of u')
+    raise NotImplementedError('not implemented yet: heat_step_2d: Copy the array, then update the interior from four shifted views of it.')
 
 
 def run_heat_2d(comm, u, steps, alpha):
@@ -137,7 +137,7 @@ def run_heat_2d(comm, u, steps, alpha):
     above and below. Returns this rank's owned rows of the result, all
     columns: stacked in rank order they are ``serial_result[1:-1, :]``.
     """
-    raise NotImplementedError('not implemented yet: run_heat_2d: as in 1D, with rows: u[start:stop + 2] is the block with its ghost rows')
+    raise NotImplementedError('not implemented yet: run_heat_2d: The 1D driver with rows in place of points: your rows plus a ghost row above and below.')
 
 
 # --- 5. What a message costs -------------------------------------------------------
@@ -152,7 +152,7 @@ def ping_pong(comm, sizes, repeats):
     ``2 * repeats``. Rank 0 returns the list of one-way times in seconds; rank 1
     returns ``None`` and ranks above 1 take no part (and return ``None``).
     """
-    raise NotImplementedError('not implemented yet: ping_pong: rank 0: Send then Recv; rank 1: Recv then Send (the same buffer back); time.perf_counter() around the timed round trips')
+    raise NotImplementedError('not implemented yet: ping_pong: Rank 0 sends then receives, rank 1 receives then sends back; start the clock after the warm-up trip.')
 
 
 def fit_alpha_beta(sizes, times):
@@ -161,4 +161,4 @@ def fit_alpha_beta(sizes, times):
     ``alpha`` is the latency (seconds per message), ``beta`` the inverse
     bandwidth (seconds per byte).
     """
-    raise NotImplementedError('not implemented yet: fit_alpha_beta: np.linalg.lstsq with a design matrix whose columns are 1 and n')
+    raise NotImplementedError("not implemented yet: fit_alpha_beta: A linear least-squares fit with an intercept column; NumPy's linear algebra module has one.")

@@ -32,7 +32,7 @@ def chunk_bounds(n, p):
     element more than the others, as with ``np.array_split``; chunks may be
     empty when ``n < p``. ``b_0 = 0`` and ``b_p = n``.
     """
-    raise NotImplementedError('not implemented yet: chunk_bounds: divmod(n, p) gives the base size and how many chunks get one extra; chunk i starts after i base chunks and min(i, extra) extras')
+    raise NotImplementedError('not implemented yet: chunk_bounds: Each offset adds up the sizes of the chunks before it; only the first few chunks are one element longer.')
 
 
 # --- 2. Binomial trees -------------------------------------------------------------
@@ -47,7 +47,7 @@ def bcast_binomial(comm, buf, root=0):
     the data sends it to the rank 2**k further on: ⌈log2 p⌉ rounds, p − 1
     messages in all, each rank receives once.
     """
-    raise NotImplementedError('not implemented yet: bcast_binomial: relative rank v = (rank - root) % p. A rank receives once, from v minus its lowest set bit; then it sends to v + mask for each smaller power of two mask (largest first) while v + mask < p')
+    raise NotImplementedError('not implemented yet: bcast_binomial: Renumber so the root is 0; receive once from the rank your lowest set bit points to, then send at smaller strides.')
 
 
 def reduce_binomial(comm, sendbuf, root=0):
@@ -57,7 +57,7 @@ def reduce_binomial(comm, sendbuf, root=0):
     is left as it was. The broadcast's tree, run backwards: in round k a rank
     whose bit k is set sends its partial sum to the rank 2**k below it and is done.
     """
-    raise NotImplementedError('not implemented yet: reduce_binomial: mirror bcast_binomial: with v = (rank - root) % p, for mask = 1, 2, 4, ...: if v & mask, send the partial sum to v - mask and stop; else receive from v + mask (when < p) and add')
+    raise NotImplementedError("not implemented yet: reduce_binomial: The broadcast's tree run backwards: add in partial sums at growing strides, then send yours once and stop.")
 
 
 # --- 3. The ring -----------------------------------------------------------------------
@@ -69,7 +69,7 @@ def _reduce_scatter_steps(comm, buf, bounds, scratch, shift=0):
     In step s rank r sends chunk ``(r - s - shift) % p`` (its partial sum so far)
     to the right and adds the chunk ``(r - s - shift - 1) % p`` arriving from the left.
     """
-    raise NotImplementedError('not implemented yet: _reduce_scatter_steps: neighbours right = (rank + 1) % p, left = (rank - 1) % p; Sendrecv a view of buf into scratch[:size], then np.add(..., out=view): no copies')
+    raise NotImplementedError('not implemented yet: _reduce_scatter_steps: Each step, pass one chunk to the right and add the chunk from the left into place, with no temporary copies.')
 
 
 def _allgather_steps(comm, buf, bounds):
@@ -78,7 +78,7 @@ def _allgather_steps(comm, buf, bounds):
     In step s rank r forwards chunk ``(r - s + 1) % p`` to the right and receives
     chunk ``(r - s) % p`` from the left straight into its place in ``buf``.
     """
-    raise NotImplementedError('not implemented yet: _allgather_steps: the same neighbours; each step forwards the chunk received in the step before; receive directly into the view of buf where it belongs')
+    raise NotImplementedError('not implemented yet: _allgather_steps: Each step, forward the chunk you completed or received last, receiving straight into its slot.')
 
 
 def allreduce_ring(comm, x):
@@ -88,7 +88,7 @@ def allreduce_ring(comm, x):
     ``chunk_bounds(x.size, p)``: 2(p − 1) messages per rank, each about n/p
     elements, so every rank sends about 2(p − 1)/p · n elements whatever p is.
     """
-    raise NotImplementedError('not implemented yet: allreduce_ring: copy x into the result buffer once, allocate one scratch chunk, then _reduce_scatter_steps followed by _allgather_steps')
+    raise NotImplementedError('not implemented yet: allreduce_ring: On one copy of the input, with one scratch chunk: the reduce-scatter steps, then the allgather steps.')
 
 
 def reduce_scatter_ring(comm, x):
@@ -98,7 +98,7 @@ def reduce_scatter_ring(comm, x):
     ``sum(x)[b_r:b_{r+1}]`` — what ``MPI.Reduce_scatter`` returns with those
     counts. p − 1 messages per rank, (p − 1)/p · n elements.
     """
-    raise NotImplementedError("not implemented yet: reduce_scatter_ring: the ring's reduce-scatter steps with shift=1 leave chunk rank complete; work on a copy of x")
+    raise NotImplementedError("not implemented yet: reduce_scatter_ring: Reuse the ring's reduce-scatter steps with the shift that leaves your own chunk complete.")
 
 
 def allgather_ring(comm, x):
@@ -107,7 +107,7 @@ def allgather_ring(comm, x):
     Returns an array of p · m elements on every rank, as ``MPI.Allgather``
     would: p − 1 ring steps, each passing one block of m elements to the right.
     """
-    raise NotImplementedError('not implemented yet: allgather_ring: put x in block rank of the result; in step s send block (rank - s) % p to the right and receive block (rank - s - 1) % p from the left into its place')
+    raise NotImplementedError('not implemented yet: allgather_ring: Place your block in the result, then pass blocks around the ring for p - 1 steps, each into its slot.')
 
 
 # --- 4. Recursive doubling -----------------------------------------------------------------
@@ -123,7 +123,7 @@ def allreduce_recursive_doubling(comm, x):
     remaining ranks run recursive doubling among themselves, and the result is
     sent back to the ranks that sat out — two rounds more.
     """
-    raise NotImplementedError('not implemented yet: allreduce_recursive_doubling: q = 1 << (p.bit_length() - 1), extra = p - q. Fold: even ranks below 2*extra send to rank + 1 and wait for the answer; the rest get new numbers (rank // 2 below 2*extra, rank - extra above). Pair new numbers by XOR; map a new number back to a rank before sending')
+    raise NotImplementedError('not implemented yet: allreduce_recursive_doubling: Fold the extra ranks into neighbours, pair the rest by XOR on renumbered ranks, then send results back.')
 
 
 # --- 5. All-to-all ------------------------------------------------------------------------------
@@ -137,4 +137,4 @@ def alltoall_pairwise(comm, x):
     step s send to ``rank + s`` and receive from ``rank - s`` (one Sendrecv), so
     every rank is busy in every step and nobody waits on a busy partner.
     """
-    raise NotImplementedError('not implemented yet: alltoall_pairwise: m = x.size // p; copy your own block, then for s in 1..p-1 Sendrecv block (rank + s) % p to rank + s, receiving block (rank - s) % p from rank - s')
+    raise NotImplementedError('not implemented yet: alltoall_pairwise: Keep your own block; in step s exchange with the ranks s ahead and s behind in one call.')

@@ -41,7 +41,7 @@ def split_rows(n, size, rank):
     When ``size`` does not divide ``n``, the first ``n % size`` ranks get one row
     more than the others (10 rows on 4 ranks: 3, 3, 2, 2).
     """
-    # BEGIN SOLUTION: base, extra = divmod(n, size); ranks before this one took `base` rows each, plus one each for the first `extra` of them
+    # BEGIN SOLUTION: Rank r's block starts after the rows of all earlier ranks; count the ones that got an extra row.
     base, extra = divmod(n, size)
     start = rank * base + min(rank, extra)
     stop = start + base + (1 if rank < extra else 0)
@@ -51,7 +51,7 @@ def split_rows(n, size, rank):
 
 def neighbours(comm):
     """``(left, right)``: the ranks before and after this one; ``MPI.PROC_NULL`` past the domain's edges."""
-    # BEGIN SOLUTION: the domain is not periodic: rank 0 has no left neighbour and the last rank no right one
+    # BEGIN SOLUTION: The domain is not periodic: the first rank has no neighbour before it and the last none after it.
     rank, size = comm.Get_rank(), comm.Get_size()
     left = rank - 1 if rank > 0 else MPI.PROC_NULL
     right = rank + 1 if rank < size - 1 else MPI.PROC_NULL
@@ -72,7 +72,7 @@ def exchange_halos(comm, u):
     can deadlock.
     """
     left, right = neighbours(comm)
-    # BEGIN SOLUTION: comm.Sendrecv(sendbuf, dest=..., recvbuf=..., source=...) twice: send u[1:2] left while receiving u[-1:] from the right, then the mirror image. Slices are views, so received values land in u
+    # BEGIN SOLUTION: One Sendrecv per direction, each sending an edge value and receiving the opposite ghost; slices are views.
     comm.Sendrecv(u[1:2], dest=left, sendtag=0, recvbuf=u[-1:], source=right, recvtag=0)
     comm.Sendrecv(u[-2:-1], dest=right, sendtag=1, recvbuf=u[0:1], source=left, recvtag=1)
     # END SOLUTION
@@ -87,7 +87,7 @@ def exchange_halos_nonblocking(comm, u):
     waits until everything is under way.
     """
     left, right = neighbours(comm)
-    # BEGIN SOLUTION: requests = [comm.Irecv(u[0:1], source=left, tag=...), ...]; then comm.Isend(...) for u[1:2] and u[-2:-1]; the tags of a send and its receive must match; finally request.Wait() for each
+    # BEGIN SOLUTION: Post both receives, then both sends, then wait on every request; each send's tag must match its receive.
     requests = [comm.Irecv(u[0:1], source=left, tag=1), comm.Irecv(u[-1:], source=right, tag=0)]
     requests += [comm.Isend(u[1:2], dest=left, tag=0), comm.Isend(u[-2:-1], dest=right, tag=1)]
     for request in requests:
@@ -106,7 +106,7 @@ def heat_step_1d(u, alpha):
     evaluated in exactly that order (so every rank gets the bits the serial
     code gets), and whose first and last values are copied from ``u``.
     """
-    # BEGIN SOLUTION: copy u, then write the interior with slices u[:-2], u[1:-1], u[2:]
+    # BEGIN SOLUTION: Copy the array, then update the whole interior at once from shifted slices: no Python loop.
     new = u.copy()
     new[1:-1] = u[1:-1] + alpha * (u[:-2] - 2 * u[1:-1] + u[2:])
     return new
@@ -124,7 +124,7 @@ def run_heat_1d(comm, u, steps, alpha, nonblocking=False):
     interior of the serial result.
     """
     exchange = exchange_halos_nonblocking if nonblocking else exchange_halos
-    # BEGIN SOLUTION: start, stop = split_rows(len(u) - 2, size, rank); interior point k is u[k + 1], so the block with its ghosts is u[start:stop + 2]
+    # BEGIN SOLUTION: Take your block and one ghost each side from the global grid, then alternate exchange and step.
     start, stop = split_rows(len(u) - 2, comm.Get_size(), comm.Get_rank())
     local = np.array(u[start:stop + 2], dtype=np.float64)
     for _ in range(steps):
@@ -145,7 +145,7 @@ def exchange_halo_rows(comm, u):
     A row of a C-ordered array is contiguous, so ``u[1]`` can be sent as it is.
     """
     up, down = neighbours(comm)
-    # BEGIN SOLUTION: two Sendrecv calls, as in 1D, with whole rows: u[1] goes up while u[-1] arrives from below, u[-2] goes down while u[0] arrives from above
+    # BEGIN SOLUTION: As in 1D, but each message is a whole row: your first owned row goes up, your last goes down.
     comm.Sendrecv(u[1], dest=up, sendtag=0, recvbuf=u[-1], source=down, recvtag=0)
     comm.Sendrecv(u[-2], dest=down, sendtag=1, recvbuf=u[0], source=up, recvtag=1)
     # END SOLUTION
@@ -158,7 +158,7 @@ def heat_step_2d(u, alpha):
 
     evaluated in exactly that order; the first and last rows and columns are copied from ``u``.
     """
-    # BEGIN SOLUTION: copy u, then write new[1:-1, 1:-1] with the four shifted slices of u
+    # BEGIN SOLUTION: Copy the array, then update the interior from four shifted views of it.
     new = u.copy()
     centre = u[1:-1, 1:-1]
     new[1:-1, 1:-1] = centre + alpha * (u[:-2, 1:-1] + u[2:, 1:-1] + u[1:-1, :-2] + u[1:-1, 2:] - 4 * centre)
@@ -174,7 +174,7 @@ def run_heat_2d(comm, u, steps, alpha):
     above and below. Returns this rank's owned rows of the result, all
     columns: stacked in rank order they are ``serial_result[1:-1, :]``.
     """
-    # BEGIN SOLUTION: as in 1D, with rows: u[start:stop + 2] is the block with its ghost rows
+    # BEGIN SOLUTION: The 1D driver with rows in place of points: your rows plus a ghost row above and below.
     start, stop = split_rows(u.shape[0] - 2, comm.Get_size(), comm.Get_rank())
     local = np.array(u[start:stop + 2], dtype=np.float64)
     for _ in range(steps):
@@ -196,7 +196,7 @@ def ping_pong(comm, sizes, repeats):
     ``2 * repeats``. Rank 0 returns the list of one-way times in seconds; rank 1
     returns ``None`` and ranks above 1 take no part (and return ``None``).
     """
-    # BEGIN SOLUTION: rank 0: Send then Recv; rank 1: Recv then Send (the same buffer back); time.perf_counter() around the timed round trips
+    # BEGIN SOLUTION: Rank 0 sends then receives, rank 1 receives then sends back; start the clock after the warm-up trip.
     rank = comm.Get_rank()
     if rank > 1:
         return None
@@ -224,7 +224,7 @@ def fit_alpha_beta(sizes, times):
     ``alpha`` is the latency (seconds per message), ``beta`` the inverse
     bandwidth (seconds per byte).
     """
-    # BEGIN SOLUTION: np.linalg.lstsq with a design matrix whose columns are 1 and n
+    # BEGIN SOLUTION: A linear least-squares fit with an intercept column; NumPy's linear algebra module has one.
     n = np.asarray(sizes, dtype=np.float64)
     design = np.column_stack([np.ones_like(n), n])
     (alpha, beta), *_ = np.linalg.lstsq(design, np.asarray(times, dtype=np.float64), rcond=None)

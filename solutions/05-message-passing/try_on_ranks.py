@@ -19,14 +19,15 @@ def halos_after_exchange(comm, u, how="sendrecv"):
     """
     import heat_mpi
 
-    start, stop = heat_mpi.split_rows(len(u) - 2, comm.Get_size(), comm.Get_rank())
-    local = np.array(u[start:stop + 2], dtype=np.float64)
-    if comm.Get_rank() > 0:
-        local[0] = np.nan  # a neighbour's value belongs here: NaN shows if it never came
-    if comm.Get_rank() < comm.Get_size() - 1:
-        local[-1] = np.nan
+    me, ranks = comm.Get_rank(), comm.Get_size()
+    first, last = heat_mpi.split_rows(u.shape[0] - 2, ranks, me)
+    with_ghosts = u[first:last + 2].astype(np.float64)  # a copy: owned points (rows) and one ghost each side
+    if me > 0:
+        with_ghosts[0] = np.nan  # a neighbour's value belongs here: NaN shows if it never came
+    if me < ranks - 1:
+        with_ghosts[-1] = np.nan
     audited = AuditComm(comm, synchronous_sends=True)
     exchange = {"sendrecv": heat_mpi.exchange_halos, "nonblocking": heat_mpi.exchange_halos_nonblocking,
                 "rows": heat_mpi.exchange_halo_rows}[how]
-    exchange(audited, local)
-    return local, [e.op for e in audited.log]
+    exchange(audited, with_ghosts)
+    return with_ghosts, [e.op for e in audited.log]

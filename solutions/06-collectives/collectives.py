@@ -32,7 +32,7 @@ def chunk_bounds(n, p):
     element more than the others, as with ``np.array_split``; chunks may be
     empty when ``n < p``. ``b_0 = 0`` and ``b_p = n``.
     """
-    # BEGIN SOLUTION: divmod(n, p) gives the base size and how many chunks get one extra; chunk i starts after i base chunks and min(i, extra) extras
+    # BEGIN SOLUTION: Each offset adds up the sizes of the chunks before it; only the first few chunks are one element longer.
     base, extra = divmod(n, p)
     return [i * base + min(i, extra) for i in range(p + 1)]
     # END SOLUTION
@@ -50,7 +50,7 @@ def bcast_binomial(comm, buf, root=0):
     the data sends it to the rank 2**k further on: ⌈log2 p⌉ rounds, p − 1
     messages in all, each rank receives once.
     """
-    # BEGIN SOLUTION: relative rank v = (rank - root) % p. A rank receives once, from v minus its lowest set bit; then it sends to v + mask for each smaller power of two mask (largest first) while v + mask < p
+    # BEGIN SOLUTION: Renumber so the root is 0; receive once from the rank your lowest set bit points to, then send at smaller strides.
     p, rank = comm.Get_size(), comm.Get_rank()
     v = (rank - root) % p
     mask = 1
@@ -75,7 +75,7 @@ def reduce_binomial(comm, sendbuf, root=0):
     is left as it was. The broadcast's tree, run backwards: in round k a rank
     whose bit k is set sends its partial sum to the rank 2**k below it and is done.
     """
-    # BEGIN SOLUTION: mirror bcast_binomial: with v = (rank - root) % p, for mask = 1, 2, 4, ...: if v & mask, send the partial sum to v - mask and stop; else receive from v + mask (when < p) and add
+    # BEGIN SOLUTION: The broadcast's tree run backwards: add in partial sums at growing strides, then send yours once and stop.
     p, rank = comm.Get_size(), comm.Get_rank()
     v = (rank - root) % p
     partial = np.array(sendbuf, copy=True)
@@ -102,7 +102,7 @@ def _reduce_scatter_steps(comm, buf, bounds, scratch, shift=0):
     In step s rank r sends chunk ``(r - s - shift) % p`` (its partial sum so far)
     to the right and adds the chunk ``(r - s - shift - 1) % p`` arriving from the left.
     """
-    # BEGIN SOLUTION: neighbours right = (rank + 1) % p, left = (rank - 1) % p; Sendrecv a view of buf into scratch[:size], then np.add(..., out=view): no copies
+    # BEGIN SOLUTION: Each step, pass one chunk to the right and add the chunk from the left into place, with no temporary copies.
     p, rank = comm.Get_size(), comm.Get_rank()
     right, left = (rank + 1) % p, (rank - 1) % p
     for step in range(p - 1):
@@ -121,7 +121,7 @@ def _allgather_steps(comm, buf, bounds):
     In step s rank r forwards chunk ``(r - s + 1) % p`` to the right and receives
     chunk ``(r - s) % p`` from the left straight into its place in ``buf``.
     """
-    # BEGIN SOLUTION: the same neighbours; each step forwards the chunk received in the step before; receive directly into the view of buf where it belongs
+    # BEGIN SOLUTION: Each step, forward the chunk you completed or received last, receiving straight into its slot.
     p, rank = comm.Get_size(), comm.Get_rank()
     right, left = (rank + 1) % p, (rank - 1) % p
     for step in range(p - 1):
@@ -138,7 +138,7 @@ def allreduce_ring(comm, x):
     ``chunk_bounds(x.size, p)``: 2(p − 1) messages per rank, each about n/p
     elements, so every rank sends about 2(p − 1)/p · n elements whatever p is.
     """
-    # BEGIN SOLUTION: copy x into the result buffer once, allocate one scratch chunk, then _reduce_scatter_steps followed by _allgather_steps
+    # BEGIN SOLUTION: On one copy of the input, with one scratch chunk: the reduce-scatter steps, then the allgather steps.
     p = comm.Get_size()
     total = np.array(x, copy=True)
     bounds = chunk_bounds(total.size, p)
@@ -156,7 +156,7 @@ def reduce_scatter_ring(comm, x):
     ``sum(x)[b_r:b_{r+1}]`` — what ``MPI.Reduce_scatter`` returns with those
     counts. p − 1 messages per rank, (p − 1)/p · n elements.
     """
-    # BEGIN SOLUTION: the ring's reduce-scatter steps with shift=1 leave chunk rank complete; work on a copy of x
+    # BEGIN SOLUTION: Reuse the ring's reduce-scatter steps with the shift that leaves your own chunk complete.
     p, rank = comm.Get_size(), comm.Get_rank()
     work = np.array(x, copy=True)
     bounds = chunk_bounds(work.size, p)
@@ -172,7 +172,7 @@ def allgather_ring(comm, x):
     Returns an array of p · m elements on every rank, as ``MPI.Allgather``
     would: p − 1 ring steps, each passing one block of m elements to the right.
     """
-    # BEGIN SOLUTION: put x in block rank of the result; in step s send block (rank - s) % p to the right and receive block (rank - s - 1) % p from the left into its place
+    # BEGIN SOLUTION: Place your block in the result, then pass blocks around the ring for p - 1 steps, each into its slot.
     p, rank = comm.Get_size(), comm.Get_rank()
     m = x.size
     gathered = np.empty(p * m, dtype=x.dtype)
@@ -199,7 +199,7 @@ def allreduce_recursive_doubling(comm, x):
     remaining ranks run recursive doubling among themselves, and the result is
     sent back to the ranks that sat out — two rounds more.
     """
-    # BEGIN SOLUTION: q = 1 << (p.bit_length() - 1), extra = p - q. Fold: even ranks below 2*extra send to rank + 1 and wait for the answer; the rest get new numbers (rank // 2 below 2*extra, rank - extra above). Pair new numbers by XOR; map a new number back to a rank before sending
+    # BEGIN SOLUTION: Fold the extra ranks into neighbours, pair the rest by XOR on renumbered ranks, then send results back.
     p, rank = comm.Get_size(), comm.Get_rank()
     total = np.array(x, copy=True)
     incoming = np.empty_like(total)
@@ -242,7 +242,7 @@ def alltoall_pairwise(comm, x):
     step s send to ``rank + s`` and receive from ``rank - s`` (one Sendrecv), so
     every rank is busy in every step and nobody waits on a busy partner.
     """
-    # BEGIN SOLUTION: m = x.size // p; copy your own block, then for s in 1..p-1 Sendrecv block (rank + s) % p to rank + s, receiving block (rank - s) % p from rank - s
+    # BEGIN SOLUTION: Keep your own block; in step s exchange with the ranks s ahead and s behind in one call.
     p, rank = comm.Get_size(), comm.Get_rank()
     m = x.size // p
     received = np.empty_like(x)

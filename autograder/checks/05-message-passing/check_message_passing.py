@@ -5,8 +5,9 @@ Every MPI part runs at 1, 2, 3 and 4 ranks on grids that split unevenly, in
 one job per part and rank count (see ``harness.py``), on a communicator that
 records each message and turns ``Send`` into ``Ssend``: a send order that
 deadlocks is stopped at the launcher's timeout and reported as such. The
-oracle is serial NumPy written here, with the operation order the lab
-prescribes, so distributed results must equal it bit for bit.
+oracle is a serial loop over the points in plain Python floats, with the
+operation order the lab prescribes, so distributed results must equal it bit
+for bit.
 """
 import numpy as np
 import pytest
@@ -17,9 +18,11 @@ from autograder.grading.traffic import MPI_HEADER_BYTES, expect_crossed
 
 SEED = 2026
 RANKS = (1, 2, 3, 4)
-# Interior points: on 3 and 4 ranks every one of these splits unevenly; 401 makes blocks of 100 or more,
-# so that sending a block where a cell would do shows in the count of what crossed.
-INTERIOR_1D = (4, 7, 10, 11, 401)
+# Interior points: on 3 and 4 ranks every one of these splits unevenly. The halo cases add 401, blocks
+# of 100 or more, so that sending a block where a cell would do shows in the count of what crossed;
+# the heat cases do not need it (their answers are compared value by value).
+INTERIOR_1D = (4, 7, 10, 11)
+INTERIOR_HALO_1D = INTERIOR_1D + (401,)
 SHAPES_2D = ((7, 8), (9, 11), (6, 5))  # interior rows 5, 7, 4
 STEPS, ALPHA_1D, ALPHA_2D = 25, 0.23, 0.2
 
@@ -36,9 +39,10 @@ def _grid_2d(shape, k):
     return u
 
 
-CASES_1D = [{"u": _grid_1d(m, k), "steps": STEPS, "alpha": ALPHA_1D} for k, m in enumerate(INTERIOR_1D)]
+CASES_1D = [{"u": _grid_1d(m, k), "steps": STEPS, "alpha": ALPHA_1D} for k, m in enumerate(INTERIOR_HALO_1D)]
+CASES_HEAT_1D = CASES_1D[:len(INTERIOR_1D)]
 CASES_2D = [{"u": _grid_2d(shape, k), "steps": STEPS // 2, "alpha": ALPHA_2D} for k, shape in enumerate(SHAPES_2D)]
-CASES = {"halo_1d": CASES_1D, "halo_1d_nonblocking": CASES_1D, "heat_1d": CASES_1D, "heat_1d_nonblocking": CASES_1D,
+CASES = {"halo_1d": CASES_1D, "halo_1d_nonblocking": CASES_1D, "heat_1d": CASES_HEAT_1D, "heat_1d_nonblocking": CASES_HEAT_1D,
          "halo_rows": CASES_2D, "heat_2d": CASES_2D,
          "ping_pong": [{"sizes": [8, 1000, 65536], "repeats": 3}]}
 
@@ -55,28 +59,32 @@ def _on_ranks(submission, part, n):
 
 
 def _split(n, size, rank):
-    base, extra = divmod(n, size)
-    start = rank * base + min(rank, extra)
-    return start, start + base + (1 if rank < extra else 0)
+    # NumPy's own split of range(n) into size pieces, with the same convention (bigger pieces first).
+    sizes = [len(piece) for piece in np.array_split(np.arange(n), size)]
+    offset = sum(sizes[:rank])
+    return offset, offset + sizes[rank]
 
 
 def _serial_1d(u, steps, alpha):
-    u = u.copy()
+    # Point by point in plain Python floats: the same IEEE operations, in the order the lab prescribes.
+    values = [float(v) for v in u]
     for _ in range(steps):
-        new = u.copy()
-        new[1:-1] = u[1:-1] + alpha * (u[:-2] - 2 * u[1:-1] + u[2:])
-        u = new
-    return u
+        values = [values[0]] + [values[i] + alpha * (values[i - 1] - 2 * values[i] + values[i + 1])
+                                for i in range(1, len(values) - 1)] + [values[-1]]
+    return np.array(values)
 
 
 def _serial_2d(u, steps, alpha):
-    u = u.copy()
+    grid = [[float(v) for v in row] for row in u]
+    rows, cols = len(grid), len(grid[0])
     for _ in range(steps):
-        new = u.copy()
-        c = u[1:-1, 1:-1]
-        new[1:-1, 1:-1] = c + alpha * (u[:-2, 1:-1] + u[2:, 1:-1] + u[1:-1, :-2] + u[1:-1, 2:] - 4 * c)
-        u = new
-    return u
+        grid = [grid[i] if i in (0, rows - 1) else
+                [grid[i][j] if j in (0, cols - 1) else
+                 grid[i][j] + alpha * (grid[i - 1][j] + grid[i + 1][j] + grid[i][j - 1] + grid[i][j + 1]
+                                       - 4 * grid[i][j])
+                 for j in range(cols)]
+                for i in range(rows)]
+    return np.array(grid)
 
 
 # --- 1. Block decomposition ------------------------------------------------------
@@ -103,19 +111,19 @@ def _check_halos(submission, part, what):
         for k, case in enumerate(CASES[part]):
             u = case["u"]
             for rank in range(n):
-                start, stop = _split(len(u) - 2, n, rank)
+                lo, hi = _split(len(u) - 2, n, rank)
                 got = job[rank]["results"][k]
-                assert got is not None and np.shape(got) == u[start:stop + 2].shape, (
+                assert got is not None and np.shape(got) == u[lo:hi + 2].shape, (
                     f"{what} on {n} rank(s): rank {rank}'s array changed shape")
                 edge = ("domain's first ghost, which holds the boundary value (neighbour MPI.PROC_NULL)"
                         if rank == 0 else f"ghost from rank {rank - 1}")
-                expect_array(got[:1], u[start:start + 1], f"{what} on {n} rank(s), case {k}: rank {rank}'s left/top "
+                expect_array(got[:1], u[lo:lo + 1], f"{what} on {n} rank(s), case {k}: rank {rank}'s left/top "
                              f"{edge}", exact=True)
                 edge = ("domain's last ghost, which holds the boundary value (neighbour MPI.PROC_NULL)"
                         if rank == n - 1 else f"ghost from rank {rank + 1}")
-                expect_array(got[-1:], u[stop + 1:stop + 2], f"{what} on {n} rank(s), case {k}: rank {rank}'s "
+                expect_array(got[-1:], u[hi + 1:hi + 2], f"{what} on {n} rank(s), case {k}: rank {rank}'s "
                              f"right/bottom {edge}", exact=True)
-                expect_array(got[1:-1], u[start + 1:stop + 1], f"{what} on {n} rank(s), case {k}: rank {rank}'s "
+                expect_array(got[1:-1], u[lo + 1:hi + 1], f"{what} on {n} rank(s), case {k}: rank {rank}'s "
                              "own block (it must not change)", exact=True)
             # What crossed, as the launcher counted it (on 4 ranks): one ghost cell (row) each way across
             # each of the n - 1 boundaries, and nothing else.
@@ -136,13 +144,14 @@ def check_exchange_halos(submission):
 # --- 3. The heat equation in 1D --------------------------------------------------
 
 def _check_heat(submission, part, serial, what):
+    wants = [serial(case["u"], case["steps"], case["alpha"])[1:-1] for case in CASES[part]]
     for n in RANKS:
         job = _on_ranks(submission, part, n)
         for k, case in enumerate(CASES[part]):
             blocks = [job[rank]["results"][k] for rank in range(n)]
             missing = [rank for rank, b in enumerate(blocks) if b is None]
             assert not missing, f"{what} on {n} rank(s): rank(s) {missing} returned None, not their block"
-            want = serial(case["u"], case["steps"], case["alpha"])[1:-1]
+            want = wants[k]
             sizes = [len(b) for b in blocks]
             assert sum(sizes) == len(want), (
                 f"{what} on {n} rank(s), {len(want)} interior rows: the ranks returned blocks of {sizes} rows "
