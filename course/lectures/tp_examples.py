@@ -14,8 +14,9 @@ size in one job (starting the processes is the slow part).
 
 The names are the lecture's: ``f`` and ``g`` are Megatron's conjugate
 operators, ``gather_seq`` and ``scatter_seq`` their sequence-parallel
-counterparts. The lab (``labs/10-tensor-parallel``) asks for the full versions
-under Megatron's names.
+counterparts. Here f and g are built from a gradient hook and a detached
+offset; the lab (``labs/10-tensor-parallel``) asks for all four as
+``autograd.Function``s, with process groups, under Megatron's names.
 """
 import math
 
@@ -57,28 +58,23 @@ def reduce_scatter_seq(x):
     return out
 
 
-class _F(torch.autograd.Function):
-    """f: identity forward, all-reduce backward (enters a tensor-parallel region)."""
+def f_by_hook(x):
+    """f: identity forward, all-reduce backward (enters a tensor-parallel region).
 
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
+    Built without an ``autograd.Function``: a new view of ``x`` whose gradient, on
+    its way back to ``x``, passes through a hook that all-reduces it."""
+    y = x.view_as(x)
+    if y.requires_grad:
+        y.register_hook(all_reduce)
+    return y
 
-    @staticmethod
-    def backward(ctx, grad):
-        return all_reduce(grad)
 
+def g_straight_through(x):
+    """g: all-reduce forward, identity backward (leaves a tensor-parallel region).
 
-class _G(torch.autograd.Function):
-    """g: all-reduce forward, identity backward (leaves a tensor-parallel region)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return all_reduce(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad
+    The sum enters as ``x`` plus a constant (the sum minus ``x``, detached): the
+    value is the sum, and autograd sees only ``x``, so the gradient passes unchanged."""
+    return x + (all_reduce(x.detach()) - x.detach())
 
 
 class _GatherSeq(torch.autograd.Function):
@@ -117,7 +113,7 @@ class _AllReduceBothWays(torch.autograd.Function):
         return all_reduce(grad)
 
 
-f, g = _F.apply, _G.apply
+f, g = f_by_hook, g_straight_through
 gather_seq, scatter_seq = _GatherSeq.apply, _ScatterSeq.apply
 
 
@@ -353,11 +349,13 @@ def allreduce_identity(n=8):
 # --- 4. vocab-parallel embedding and cross-entropy -----------------------------------------------
 
 def vocab_embedding(tokens, w_local):
-    """Look up the tokens this rank's rows of the table hold, zeros for the others; g sums them."""
+    """The embedding as a row-parallel layer: E[tokens] = one_hot(tokens) · E with E cut by rows, so
+    this rank multiplies its V/t columns of the one-hot by its V/t rows of the table, and g sums the
+    partial products. (A [s, b, V/t] one-hot: fine here, wasteful at a real vocabulary.)"""
     per = w_local.shape[0]
-    local = tokens - dist.get_rank() * per
-    outside = (local < 0) | (local >= per)
-    return g(F.embedding(local.masked_fill(outside, 0), w_local).masked_fill(outside[..., None], 0.0))
+    first = dist.get_rank() * per
+    one_hot = F.one_hot(tokens, per * world())[..., first:first + per].to(w_local.dtype)
+    return g(one_hot @ w_local)
 
 
 def vocab_cross_entropy(logits_local, targets):
@@ -406,13 +404,54 @@ def vocab_checks():
 
 # --- all of it, one job per world size ----------------------------------------------------------
 
+def allreduce_seconds(nbytes=2 ** 22, reps=5):
+    """Best time of ``reps`` all-reduces of a float32 vector of ``nbytes`` (the network's W)."""
+    import time
+
+    x = torch.ones(nbytes // 4)
+    best = float("inf")
+    for _ in range(reps):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(x)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def matmul_flops(n=384, reps=5):
+    """Floating-point operations per second of a float32 ``n × n`` matrix product here (best of ``reps``): C."""
+    import time
+
+    x, w = torch.randn(n, n), torch.randn(n, n)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        x @ w
+        best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 / best
+
+
 def experiments():
     """Every demonstration of the lecture for this world size, on this rank."""
     out = {"layer": {mode: layer_run(mode) for mode in ("tp", "sp", "sp_regather")},
            "allreduce = reduce-scatter + all-gather": allreduce_identity(), "vocab": vocab_checks()}
     if world() > 1:
         out["mlp"] = mlp_variants()
+        out["allreduce_s"] = allreduce_seconds()
     return out
+
+
+# --- on the notebook's side: the tensor-parallel roofline ---------------------------------------------
+
+def tp_mlp_times(tokens, h, ffn, t, flops, bandwidth, bytes_per_number=2):
+    """Seconds of one tensor-parallel MLP forward on one rank: (math, communication).
+
+    Math: two matrix products of ``tokens × h × ffn/t``, 2 flops per multiply-add, so
+    4·tokens·h·ffn/t flops at ``flops`` per second. Communication: g's ring all-reduce
+    of the [tokens, h] output, 2(t−1)/t of it sent per rank at ``bandwidth`` bytes/s."""
+    math_s = 4 * tokens * h * ffn / t / flops
+    comm_s = 2 * (t - 1) / t * tokens * h * bytes_per_number / bandwidth
+    return math_s, comm_s
 
 
 # --- on the notebook's side: formulas ---------------------------------------------------------------

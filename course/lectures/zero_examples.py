@@ -151,8 +151,11 @@ def measure(mode, width=64, depth=6, steps=2, batch=8):
 
 
 def measure_all(modes=("dp", "zero1", "fsdp2", "fsdp3"), **kwargs):
-    """``{mode: measure(mode, **kwargs)}`` for this rank, every mode in one job."""
-    return {mode: measure(mode, **kwargs) for mode in modes}
+    """``{mode: measure(mode, **kwargs)}`` for this rank, every mode in one job, and under
+    ``"allreduce_s"`` the best time of a 4 MiB all-reduce (None on one rank)."""
+    out = {mode: measure(mode, **kwargs) for mode in modes}
+    out["allreduce_s"] = allreduce_seconds() if dist.get_world_size() > 1 else None
+    return out
 
 
 # --- on the notebook's side: predictions and pictures -----------------------------------
@@ -199,3 +202,68 @@ def draw_stages(ax, n=4):
     ax.axis("off")
     ax.legend(handles=[Patch(color=c, label=label) for label, _, c in parts], fontsize=7, ncol=3,
               loc="upper center", bbox_to_anchor=(0.5, 1.08), frameon=False)
+
+
+# --- the network roofline: this machine's numbers, and ZeRO-3's prefetching -------------------
+
+def allreduce_seconds(nbytes=2 ** 22, reps=5):
+    """Best time of ``reps`` all-reduces of an fp32 vector of ``nbytes`` on this rank's group."""
+    import time
+
+    x = torch.ones(nbytes // 4)
+    best = float("inf")
+    for _ in range(reps):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(x)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def matmul_flops(n=384, reps=5):
+    """Floating-point operations per second of an fp32 ``n × n`` matrix product on this process (best of ``reps``)."""
+    import time
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 / best
+
+
+def zero3_schedule(n_layers, t_compute, t_gather, prefetch):
+    """One ZeRO-3 step on two streams, compute and communication, as ``(row, start, duration, label)``
+    tasks (row 0: communication, 1: compute) and the step's end.
+
+    Forward: each layer's parameters are all-gathered (``t_gather``), then it computes
+    (``t_compute``). Backward, last layer first: gather again, compute twice as long,
+    reduce-scatter the gradient (``t_gather``). Communication runs in issue order on
+    its stream. Without prefetching a layer's gather is issued when the previous
+    layer's compute ends; with it, when that compute starts (one layer ahead).
+    """
+    tasks, comm_free, compute_end, issue = [], 0.0, 0.0, 0.0
+    order = [("F", k, t_compute) for k in range(n_layers)] + \
+            [("B", k, 2 * t_compute) for k in reversed(range(n_layers))]
+    gather_end = None
+    for j, (phase, layer, work) in enumerate(order):
+        if gather_end is None:  # not prefetched: issued now
+            start = max(comm_free, issue)
+            tasks.append((0, start, t_gather, f"AG{layer}"))
+            gather_end = comm_free = start + t_gather
+        start = max(compute_end, gather_end)
+        tasks.append((1, start, work, f"{phase}{layer}"))
+        compute_end = start + work
+        gather_end = None
+        if prefetch and j + 1 < len(order):  # the next layer's gather, issued as this one starts
+            nxt = order[j + 1][1]
+            g_start = max(comm_free, start)
+            tasks.append((0, g_start, t_gather, f"AG{nxt}"))
+            gather_end = comm_free = g_start + t_gather
+        if phase == "B":  # the gradient leaves as soon as it exists
+            rs_start = max(comm_free, compute_end)
+            tasks.append((0, rs_start, t_gather, f"RS{layer}"))
+            comm_free = rs_start + t_gather
+        issue = compute_end
+    return tasks, max(start + duration for _, start, duration, _ in tasks)

@@ -118,12 +118,8 @@ def _zero3(zero, steps, want):
             torch.nn.functional.mse_loss(model(my_rows(x)), my_rows(y)).backward()
             opt.step()
             opt.zero_grad()
-    full = []
-    for shard, size in zip(model.shards, sizes):  # the documented layout, gathered back
-        gathered = torch.empty(shard.numel() * dist.get_world_size(), dtype=shard.dtype)
-        dist.all_gather_single(gathered, shard.detach())
-        full.append(gathered[:size])
-    got = torch.cat(full)
+    # The documented layout, gathered back with your own gather_flat and its padding cut off.
+    got = torch.cat([zero.gather_flat(shard)[:size] for shard, size in zip(model.shards, sizes)])
     return {"max_diff": float((got - want).abs().max()), "stored_bytes": tensor_bytes(list(model.parameters())),
             "peak_gathered_bytes": watch.peak, "largest_layer_bytes": 8 * max(shard.numel() for shard in model.shards)
             * dist.get_world_size()}

@@ -73,51 +73,72 @@ def divide(total, t, what):
 
 
 class _CopyToTensorParallelRegion(torch.autograd.Function):
-    """f: every rank already has the whole input; each rank's gradient is a partial sum."""
+    """f: every rank already has the whole input; each rank's gradient is a partial sum.
+
+    ``forward(ctx, x, group)`` returns a view of ``x`` (autograd needs a new
+    tensor object); ``backward`` returns the summed gradient, a new tensor made
+    from a contiguous copy, and None for the group.
+    """
 
     @staticmethod
     def forward(ctx, x, group):
-        raise NotImplementedError('not implemented yet: forward: keep the group on ctx for backward; the forward is the identity (return a view of x, not x itself)')
+        raise NotImplementedError('not implemented yet: forward: Keep the group for backward; the forward passes the input through unchanged (a view, not the same object).')
 
     @staticmethod
     def backward(ctx, grad):
-        raise NotImplementedError('not implemented yet: backward: every rank holds a partial gradient: sum a contiguous copy of it over ctx.group (all-reduce); group gets no gradient')
+        raise NotImplementedError('not implemented yet: backward: Each rank holds a partial gradient: sum a copy of it over the group; the group itself gets no gradient.')
 
 
 class _ReduceFromTensorParallelRegion(torch.autograd.Function):
-    """g: sum the ranks' partial outputs; the gradient of a sum is the same on every rank."""
+    """g: sum the ranks' partial outputs; the gradient of a sum is the same on every rank.
+
+    The forward returns the sum in a new contiguous tensor and leaves ``x``
+    untouched (autograd may still need it); the group gets no gradient.
+    """
 
     @staticmethod
     def forward(ctx, x, group):
-        raise NotImplementedError('not implemented yet: forward: sum a contiguous copy of x over the group (all-reduce the copy, never x itself)')
+        raise NotImplementedError('not implemented yet: forward: Sum a copy of the input over the group; never reduce the input tensor in place.')
 
     @staticmethod
     def backward(ctx, grad):
-        raise NotImplementedError('not implemented yet: backward: the identity: the gradient passes through unchanged; group gets no gradient')
+        raise NotImplementedError('not implemented yet: backward: The gradient of a sum reaches every rank unchanged; the group gets no gradient.')
 
 
 class _GatherFromSequenceParallelRegion(torch.autograd.Function):
-    """All-gather the sequence shards along dim 0; backward reduce-scatters the gradient."""
+    """All-gather the sequence shards along dim 0; backward reduce-scatters the gradient.
+
+    A shard of shape ``[s/t, ...]`` becomes ``[s, ...]``: rank r's shard lands in
+    rows ``r*s/t .. (r+1)*s/t``; dtype and device are the input's. Backward turns
+    a ``[s, ...]`` gradient into this rank's ``[s/t, ...]`` block of its sum over
+    the ranks. Collectives take contiguous tensors.
+    """
 
     @staticmethod
     def forward(ctx, x, group):
-        raise NotImplementedError('not implemented yet: forward: ctx.group = group; out = torch.empty((t * x.shape[0], *x.shape[1:])) like x; dist.all_gather_single(out, x.contiguous(), group=group)')
+        raise NotImplementedError("not implemented yet: forward: Keep the group for backward, then stack every rank's shard, in rank order, into one tensor t times as long.")
 
     @staticmethod
     def backward(ctx, grad):
-        raise NotImplementedError('not implemented yet: backward: shard = empty of shape (grad.shape[0] // t, *grad.shape[1:]); dist.reduce_scatter_single(shard, grad.contiguous(), group=ctx.group); return shard, None')
+        raise NotImplementedError("not implemented yet: backward: The transpose of a gather: sum the gradient over the ranks and keep only this rank's block of the sequence.")
 
 
 class _ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
-    """Sum the ranks' partial outputs and keep this rank's sequence shard; backward all-gathers."""
+    """Sum the ranks' partial outputs and keep this rank's sequence shard; backward all-gathers.
+
+    ``[s, ...]`` partial sums become this rank's ``[s/t, ...]`` block (rows
+    ``r*s/t ..``) of their sum, same dtype and device; a length t does not divide
+    raises ``ValueError`` (use ``divide``). Backward stacks the ranks' gradient
+    blocks back into ``[s, ...]`` in rank order.
+    """
 
     @staticmethod
     def forward(ctx, x, group):
-        raise NotImplementedError('not implemented yet: forward: ctx.group = group; shard of shape (x.shape[0] // t, *x.shape[1:]); dist.reduce_scatter_single(shard, x.contiguous(), group=group)')
+        raise NotImplementedError("not implemented yet: forward: Keep the group for backward, then sum over the ranks and keep this rank's block of the sequence.")
 
     @staticmethod
     def backward(ctx, grad):
-        raise NotImplementedError('not implemented yet: backward: full = empty of shape (t * grad.shape[0], *grad.shape[1:]); dist.all_gather_single(full, grad.contiguous(), group=ctx.group); return full, None')
+        raise NotImplementedError("not implemented yet: backward: The transpose of a reduce-scatter: stack every rank's gradient block back into the whole sequence.")
 
 
 def copy_to_tensor_parallel_region(x, group=None):
@@ -154,12 +175,10 @@ class _GatherLastDim(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, y, group):
-        ctx.group, ctx.rank, ctx.local = group, dist.get_rank(group), y.shape[-1]
-        t = dist.get_world_size(group)
-        moved = y.movedim(-1, 0).contiguous()
-        out = torch.empty((t * moved.shape[0], *moved.shape[1:]), dtype=y.dtype, device=y.device)
-        dist.all_gather_single(out, moved, group=group)
-        return out.movedim(0, -1).contiguous()
+        ctx.rank, ctx.local = dist.get_rank(group), y.shape[-1]
+        pieces = [torch.empty_like(y) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(pieces, y.contiguous(), group=group)  # the list form: one tensor per rank
+        return torch.cat(pieces, dim=-1)
 
     @staticmethod
     def backward(ctx, grad):
@@ -175,6 +194,10 @@ class ColumnParallelLinear(torch.nn.Module):
     the whole ``[..., out]`` (not with ``sequence_parallel``).
     ``communicate_input=False`` skips f / the gather: the caller did it once
     for several layers that read the same input (attention's q, k and v).
+    ``gather_output`` together with ``sequence_parallel`` raises ``ValueError``;
+    so does an ``out_features`` t does not divide. ``bias=False`` registers
+    ``bias`` as None. The gathered output's features are in rank order (the
+    provided ``_GatherLastDim`` does it).
     """
 
     def __init__(self, in_features, out_features, bias=True, *, gather_output=False, sequence_parallel=False,
@@ -183,10 +206,10 @@ class ColumnParallelLinear(torch.nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.gather_output, self.sequence_parallel = gather_output, sequence_parallel
         self.group, self.communicate_input = group, communicate_input
-        raise NotImplementedError('not implemented yet: __init__: t = dist.get_world_size(group); local = divide(out_features, t, "out_features"); self.weight = Parameter [local, in_features]; self.bias = Parameter [local] or None (register_parameter("bias", None))')
+        raise NotImplementedError("not implemented yet: __init__: Create this rank's slice of the weight and bias as the layout in the module docstring says.")
 
     def forward(self, x):
-        raise NotImplementedError('not implemented yet: forward: if communicate_input: x = gather_from_sequence_parallel_region(x) when sequence_parallel else copy_to_tensor_parallel_region(x); y = F.linear(x, weight, bias); if gather_output: all-gather the last dim (a Function, or all-gather dim 0 of y.movedim(-1, 0))')
+        raise NotImplementedError("not implemented yet: forward: Bring the input into the region unless told not to, apply this rank's slice of the layer, then gather the features if asked.")
 
 
 class RowParallelLinear(torch.nn.Module):
@@ -195,7 +218,10 @@ class RowParallelLinear(torch.nn.Module):
     The partial products are summed by g (or, with ``sequence_parallel``,
     reduce-scattered along the sequence); the bias, whole on every rank, is
     added once after the sum. ``input_is_parallel=False``: the input is whole
-    on every rank and each rank uses its slice of the features.
+    on every rank; it enters the region through f and each rank uses its slice
+    of the features. An ``in_features`` t does not divide raises ``ValueError``.
+    With ``sequence_parallel`` the bias sees only this rank's sequence shard, so
+    its gradient is partial: it carries ``sequence_parallel = True``.
     """
 
     def __init__(self, in_features, out_features, bias=True, *, input_is_parallel=True, sequence_parallel=False,
@@ -203,10 +229,10 @@ class RowParallelLinear(torch.nn.Module):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.input_is_parallel, self.sequence_parallel, self.group = input_is_parallel, sequence_parallel, group
-        raise NotImplementedError('not implemented yet: __init__: local = divide(in_features, t, "in_features"); self.weight = Parameter [out_features, local]; self.bias = Parameter [out_features] or None; with sequence_parallel mark self.bias.sequence_parallel = True (its gradient comes from this rank\'s shard only)')
+        raise NotImplementedError("not implemented yet: __init__: Create this rank's columns of the weight and the whole bias; mark the bias when its gradient will be partial.")
 
     def forward(self, x):
-        raise NotImplementedError('not implemented yet: forward: if not input_is_parallel: x = copy_to_tensor_parallel_region(x)[..., rank slice]; partial = F.linear(x, weight) (no bias); y = reduce_scatter_to_sequence_parallel_region(partial) if sequence_parallel else reduce_from_tensor_parallel_region(partial); then + bias')
+        raise NotImplementedError("not implemented yet: forward: Take this rank's features if the input is whole, multiply without the bias, sum the partial products, then add the bias.")
 
 
 # --- 3. Parallel MLP, attention and transformer layer --------------------------------------
@@ -217,10 +243,10 @@ class ParallelMLP(torch.nn.Module):
 
     def __init__(self, hidden, ffn_hidden, *, sequence_parallel=False, group=None):
         super().__init__()
-        raise NotImplementedError('not implemented yet: __init__: self.fc1 = ColumnParallelLinear(hidden, ffn_hidden, sequence_parallel=..., group=...); self.fc2 = RowParallelLinear(ffn_hidden, hidden, input_is_parallel=True, sequence_parallel=..., group=...)')
+        raise NotImplementedError('not implemented yet: __init__: Pair a column layer that leaves its output split with a row layer that takes it split, both on this group.')
 
     def forward(self, x):
-        raise NotImplementedError('not implemented yet: forward: fc2(F.gelu(fc1(x)))')
+        raise NotImplementedError('not implemented yet: forward: The first layer, the activation, then the second layer.')
 
 
 class ParallelSelfAttention(torch.nn.Module):
@@ -228,38 +254,47 @@ class ParallelSelfAttention(torch.nn.Module):
 
     q, k and v are column-parallel (rank r computes heads r*n_heads/t ..),
     attention runs on the local heads only, and ``out`` is row-parallel. The
-    input goes through f (or the sequence gather) once, for q, k and v.
+    input goes through f (or the sequence gather) once, for q, k and v, which
+    are built with ``communicate_input=False``; only ``out`` takes
+    ``sequence_parallel``. ``hidden`` not divisible by ``n_heads``, or
+    ``n_heads`` by t, raises ``ValueError``. Head j of a ``[s, b, features]``
+    projection is its features ``j*head_dim .. (j+1)*head_dim``; attention is
+    ``F.scaled_dot_product_attention`` on ``[b, heads, s, head_dim]`` tensors,
+    causal when ``causal``; the merged heads go back to ``[s, b, features]``
+    in head order before ``out``.
     """
 
     def __init__(self, hidden, n_heads, *, causal=True, sequence_parallel=False, group=None):
         super().__init__()
         self.causal, self.sequence_parallel, self.group = causal, sequence_parallel, group
-        raise NotImplementedError('not implemented yet: __init__: t = world size; self.local_heads = divide(n_heads, t, "n_heads") (raises ValueError); head_dim = hidden // n_heads; q, k, v = ColumnParallelLinear(hidden, hidden, group=group, communicate_input=False); out = RowParallelLinear(hidden, hidden, sequence_parallel=..., group=group)')
+        raise NotImplementedError('not implemented yet: __init__: Split the heads across the ranks and build the four projections; q, k and v leave the input communication to the caller.')
 
     def forward(self, x):
-        raise NotImplementedError('not implemented yet: forward: x = gather (sequence_parallel) or f, once; q, k, v = self.q(x) ... each [s, b, local_heads*head_dim] -> [b, local_heads, s, head_dim]; F.scaled_dot_product_attention(q, k, v, is_causal=self.causal); back to [s, b, local_heads*head_dim]; self.out(...)')
+        raise NotImplementedError("not implemented yet: forward: Communicate the input once, attend over this rank's heads only, then merge them and let the output layer sum the ranks.")
 
 
 class ParallelTransformerLayer(torch.nn.Module):
     """Pre-LayerNorm transformer layer: y = x + attn(ln1(x)); z = y + mlp(ln2(y)).
 
     Attention is causal. With ``sequence_parallel`` the input and output are
-    this rank's sequence shard ``[s/t, b, h]``; the LayerNorms run on the shard.
+    this rank's sequence shard ``[s/t, b, h]``; the LayerNorms run on the shard,
+    so with ``sequence_parallel`` the weight and bias of both norms carry
+    ``sequence_parallel = True`` (``False`` otherwise).
     """
 
     def __init__(self, hidden, n_heads, ffn_hidden, *, sequence_parallel=False, group=None):
         super().__init__()
-        raise NotImplementedError('not implemented yet: __init__: ln1, ln2 = nn.LayerNorm(hidden); with sequence_parallel mark their weight and bias .sequence_parallel = True; attn = ParallelSelfAttention(hidden, n_heads, sequence_parallel=..., group=...); mlp = ParallelMLP(hidden, ffn_hidden, ...)')
+        raise NotImplementedError("not implemented yet: __init__: Build the two norms, attention and the MLP on this group; mark the norms' parameters under sequence parallelism.")
 
     def forward(self, x):
-        raise NotImplementedError('not implemented yet: forward: a pre-norm residual block: add attention of the first norm of x to x, then add the MLP of the second norm of that')
+        raise NotImplementedError('not implemented yet: forward: A pre-norm residual block: add attention of the first norm of x to x, then add the MLP of the second norm of that.')
 
 
 def allreduce_sequence_parallel_grads(module, group=None):
     """Sum over the group the gradients of the parameters marked
     ``sequence_parallel`` (whole on every rank, applied to a sequence shard).
     The training loop calls it after backward, as DDP syncs gradients."""
-    raise NotImplementedError('not implemented yet: allreduce_sequence_parallel_grads: all-reduce over the group the gradient of every parameter marked sequence_parallel (skip those with no gradient)')
+    raise NotImplementedError('not implemented yet: allreduce_sequence_parallel_grads: Sum over the group the gradient of every marked parameter that has one.')
 
 
 # --- 4. Vocabulary-parallel embedding and cross-entropy ------------------------------------
@@ -267,27 +302,40 @@ def allreduce_sequence_parallel_grads(module, group=None):
 
 class VocabParallelEmbedding(torch.nn.Module):
     """Rank r holds embedding rows r*vocab/t .. (r+1)*vocab/t; ids of other ranks
-    give zero rows here, and the all-reduce (g) fills them in."""
+    give zero rows here, and the all-reduce (g) fills them in.
+
+    ``self.weight`` is ``[vocab/t, hidden]`` and ``self.start`` the first id this
+    rank owns; a vocabulary t does not divide raises ``ValueError``. The output
+    is ``[..., hidden]`` for ids ``[...]``, the same on every rank.
+    """
 
     def __init__(self, vocab_size, hidden, *, group=None):
         super().__init__()
         self.group = group
-        raise NotImplementedError('not implemented yet: __init__: local = divide(vocab_size, t, "vocab_size"); self.start = rank * local; self.weight = Parameter [local, hidden]')
+        raise NotImplementedError("not implemented yet: __init__: Hold this rank's block of vocabulary rows and remember where the block starts.")
 
     def forward(self, ids):
-        raise NotImplementedError('not implemented yet: forward: outside = (ids < start) | (ids >= start + local); local_ids = (ids - start) with outside set to 0; rows = F.embedding(local_ids, weight) * ~outside[..., None]; return reduce_from_tensor_parallel_region(rows)')
+        raise NotImplementedError('not implemented yet: forward: Look up only the ids this rank owns, zero the rows of the others, and let the reduction fill them in.')
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy of logits split along the vocabulary, without gathering them."""
+    """Mean cross-entropy of logits split along the vocabulary, without gathering them.
+
+    Rank r's slice holds the logits of ids ``r*local .. (r+1)*local``. Forward
+    all-reduces three per-token quantities (the max, with ``ReduceOp.MAX``; the
+    sum of exponentials of the shifted logits; the target's shifted logit, zero
+    on the ranks that do not own it) and returns the mean of
+    ``log(sum_exp) - target_logit``. Backward needs no collective: it returns
+    the gradient of the local logits and None for ``target`` and ``group``.
+    """
 
     @staticmethod
     def forward(ctx, local_logits, target, group):
-        raise NotImplementedError("not implemented yet: forward: max over the local vocab, all_reduce(op=MAX); shifted = logits - max; this rank's target logit (0 where the target is another rank's), all_reduce; sum of exp, all_reduce; loss = log(sum_exp) - target_logit, mean; save softmax, the mask and the local target for backward")
+        raise NotImplementedError("not implemented yet: forward: Shift by the global max, then combine the global sum of exponentials with the target's logit; keep what backward needs.")
 
     @staticmethod
     def backward(ctx, grad_loss):
-        raise NotImplementedError("not implemented yet: backward: grad = softmax, minus 1 at the local target where it is this rank's; times grad_loss / number of tokens; return grad, None, None")
+        raise NotImplementedError('not implemented yet: backward: The softmax minus one at the targets this rank owns, scaled by the incoming gradient over the number of tokens.')
 
 
 def vocab_parallel_cross_entropy(local_logits, target, group=None):

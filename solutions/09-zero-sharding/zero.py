@@ -45,7 +45,7 @@ def zero_bytes(psi, n, stage, k=12):
     gradients, stage 3 also the weights: 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N
     for k = 12. Returns a float (bytes; the paper's GB are 1e9 bytes).
     """
-    # BEGIN SOLUTION: weights 2Ψ, gradients 2Ψ, optimizer state kΨ; from stage 1 on the optimizer state is divided by n, from stage 2 the gradients too, at stage 3 the weights as well
+    # BEGIN SOLUTION: Count weights, gradients and optimizer state per parameter, and divide by n the parts the stage shards.
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage}")
     weights, grads, state = 2.0 * psi, 2.0 * psi, float(k) * psi
@@ -64,9 +64,10 @@ def flatten_padded(tensors, n):
     ``n * ceil(numel / n)`` elements, so that it cuts into ``n`` equal shards.
 
     Dtype and device are those of the first tensor. ``numel`` is the total
-    number of elements; when ``n`` divides it there is no padding.
+    number of elements; when ``n`` divides it there is no padding. The inputs
+    are copied (detached), never viewed: changing the result changes no input.
     """
-    # BEGIN SOLUTION: size = n * math.ceil(numel / n); torch.zeros of that size, then copy each tensor's reshape(-1) at its running offset
+    # BEGIN SOLUTION: Allocate the padded length in zeros, then copy each tensor's elements in order at a running offset.
     numel = sum(t.numel() for t in tensors)
     flat = torch.zeros(n * math.ceil(numel / n), dtype=tensors[0].dtype, device=tensors[0].device)
     offset = 0
@@ -100,6 +101,9 @@ class ShardedOptimizer:
       into every parameter, so all ranks end with the same full parameters.
     - ``zero_grad()`` sets every parameter's ``.grad`` to None.
 
+    The updated values are copied into the parameters in place (their storage
+    stays the same), each from its own slice of the gathered flat buffer.
+
     The grader counts the bytes of the tensors reachable from
     ``self.optimizer.state`` and ``self.optimizer.param_groups``.
     """
@@ -107,7 +111,7 @@ class ShardedOptimizer:
     def __init__(self, params, optimizer_class, group=None, **kwargs):
         self.params = [p for p in params if p.requires_grad]
         self.group = group
-        # BEGIN SOLUTION: n = dist.get_world_size(group), rank = dist.get_rank(group); s = ceil(numel / n); self.shard = flatten_padded(...)[rank * s:(rank + 1) * s].clone(); self.optimizer = optimizer_class([self.shard], **kwargs)
+        # BEGIN SOLUTION: Flatten and pad the parameters, keep a copy of this rank's shard, and give only that shard to the inner optimizer.
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.numel = sum(p.numel() for p in self.params)
         self.shard_size = math.ceil(self.numel / self.world)
@@ -123,7 +127,7 @@ class ShardedOptimizer:
 
     @torch.no_grad()
     def step(self):
-        # BEGIN SOLUTION: grads = flatten_padded(...) / n; dist.reduce_scatter_single into a shard-sized tensor, set it as self.shard.grad; self.optimizer.step(); dist.all_gather_single into a full padded buffer and copy each parameter's slice back with p.copy_(...view_as(p))
+        # BEGIN SOLUTION: Average the gradients into this rank's shard, step the shard, then gather the shards and copy them into the parameters.
         grads = flatten_padded([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params],
                                self.world)
         grads /= self.world  # the sum over ranks becomes the average data parallelism takes
@@ -145,8 +149,10 @@ class ShardedOptimizer:
 
 def gather_flat(shard, group=None):
     """Every rank's ``shard`` concatenated in rank order: the full padded flat
-    buffer (``dist.all_gather_single``)."""
-    # BEGIN SOLUTION: torch.empty of world size * shard.numel() elements, then dist.all_gather_single(full, shard.contiguous(), group=group)
+    buffer (``dist.all_gather_single``), a new tensor of ``n * shard.numel()``
+    elements with the shard's dtype and device. The shard is sent detached
+    and contiguous, so the gather is invisible to autograd."""
+    # BEGIN SOLUTION: Allocate room for every rank's shard and gather them into it, in rank order.
     full = torch.empty(shard.numel() * dist.get_world_size(group), dtype=shard.dtype, device=shard.device)
     dist.all_gather_single(full, shard.detach().contiguous(), group=group)
     return full
@@ -172,11 +178,15 @@ class GatheredLayer(torch.autograd.Function):
     recompute the layer with autograd on, take the gradients with respect to
     ``x`` and to the full flat parameters, and reduce-scatter the latter
     (averaged over the ranks) into the shard's gradient.
+
+    Only ``x`` and ``shard`` are saved (``ctx.save_for_backward``); the layer,
+    names, shapes and group ride on ``ctx``. ``backward`` returns the gradients
+    of ``x`` and ``shard`` and None for the four other arguments.
     """
 
     @staticmethod
     def forward(ctx, x, shard, layer, names, shapes, group):
-        # BEGIN SOLUTION: full = gather_flat(shard, group); out = _run_layer(layer, names, shapes, full, x); save only x and shard for backward (ctx.save_for_backward), keep layer/names/shapes/group on ctx
+        # BEGIN SOLUTION: Gather the parameters, run the layer with them, and save only what backward can re-gather from.
         full = gather_flat(shard, group)
         out = _run_layer(layer, names, shapes, full, x)
         ctx.save_for_backward(x, shard)
@@ -186,7 +196,7 @@ class GatheredLayer(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        # BEGIN SOLUTION: gather again, full.requires_grad_(); x = x.detach().requires_grad_(); with torch.enable_grad() recompute the layer; torch.autograd.grad(out, (x, full), grad_out); dist.reduce_scatter_single(grad_full / n) into a shard-sized tensor; return (grad_x, grad_shard, None, None, None, None)
+        # BEGIN SOLUTION: Gather and recompute with autograd on, differentiate by input and parameters, then average the latter into the shard.
         x, shard = ctx.saved_tensors
         full = gather_flat(shard, ctx.group).requires_grad_()
         x = x.detach().requires_grad_()
@@ -209,8 +219,12 @@ class Zero3Sequential(torch.nn.Module):
     ``torch.nn.ParameterList``, one entry per layer with parameters, in order);
     the layer's own parameters are emptied, so the full ones exist nowhere
     between uses. ``self.parameters()`` is then just the shards, and any
-    torch optimizer on them steps this rank's shard only. ``forward`` runs
-    the layers in order, each one with parameters through ``GatheredLayer``.
+    torch optimizer on them steps this rank's shard only. ``self.specs`` has
+    one entry per layer: None for a layer without parameters, otherwise
+    ``(index into self.shards, parameter names, parameter shapes)`` in
+    ``named_parameters()`` order; an emptied parameter keeps its dtype and
+    device but holds no elements. ``forward`` runs the layers in order, each
+    one with parameters through ``GatheredLayer``.
     """
 
     def __init__(self, layers, group=None):
@@ -219,7 +233,7 @@ class Zero3Sequential(torch.nn.Module):
         self.layers = list(layers)  # a plain list: their emptied parameters are not the model's
         self.shards = torch.nn.ParameterList()
         self.specs = []  # per layer: None (no parameters) or (index in shards, names, shapes)
-        # BEGIN SOLUTION: per layer: named = list(layer.named_parameters()); if empty spec None; else flat = flatten_padded(values, n), shard = flat[rank*s:(rank+1)*s].clone() as nn.Parameter, append (len(self.shards), names, shapes), then empty each parameter (p.data = torch.empty(0, ...))
+        # BEGIN SOLUTION: For each layer with parameters, record its layout, keep this rank's shard as a Parameter, and empty the originals.
         n, rank = dist.get_world_size(group), dist.get_rank(group)
         for layer in self.layers:
             named = list(layer.named_parameters())
@@ -235,7 +249,7 @@ class Zero3Sequential(torch.nn.Module):
         # END SOLUTION
 
     def forward(self, x):
-        # BEGIN SOLUTION: for each layer and spec: without parameters x = layer(x); else x = GatheredLayer.apply(x, self.shards[index], layer, names, shapes, self.group)
+        # BEGIN SOLUTION: Run the layers in order, sending each one that has parameters through GatheredLayer.
         for layer, spec in zip(self.layers, self.specs):
             if spec is None:
                 x = layer(x)

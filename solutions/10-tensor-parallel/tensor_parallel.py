@@ -73,18 +73,23 @@ def divide(total, t, what):
 
 
 class _CopyToTensorParallelRegion(torch.autograd.Function):
-    """f: every rank already has the whole input; each rank's gradient is a partial sum."""
+    """f: every rank already has the whole input; each rank's gradient is a partial sum.
+
+    ``forward(ctx, x, group)`` returns a view of ``x`` (autograd needs a new
+    tensor object); ``backward`` returns the summed gradient, a new tensor made
+    from a contiguous copy, and None for the group.
+    """
 
     @staticmethod
     def forward(ctx, x, group):
-        # BEGIN SOLUTION: keep the group on ctx for backward; the forward is the identity (return a view of x, not x itself)
+        # BEGIN SOLUTION: Keep the group for backward; the forward passes the input through unchanged (a view, not the same object).
         ctx.group = group
         return x.view_as(x)
         # END SOLUTION
 
     @staticmethod
     def backward(ctx, grad):
-        # BEGIN SOLUTION: every rank holds a partial gradient: sum a contiguous copy of it over ctx.group (all-reduce); group gets no gradient
+        # BEGIN SOLUTION: Each rank holds a partial gradient: sum a copy of it over the group; the group itself gets no gradient.
         grad = grad.contiguous().clone()
         dist.all_reduce(grad, group=ctx.group)
         return grad, None
@@ -92,11 +97,15 @@ class _CopyToTensorParallelRegion(torch.autograd.Function):
 
 
 class _ReduceFromTensorParallelRegion(torch.autograd.Function):
-    """g: sum the ranks' partial outputs; the gradient of a sum is the same on every rank."""
+    """g: sum the ranks' partial outputs; the gradient of a sum is the same on every rank.
+
+    The forward returns the sum in a new contiguous tensor and leaves ``x``
+    untouched (autograd may still need it); the group gets no gradient.
+    """
 
     @staticmethod
     def forward(ctx, x, group):
-        # BEGIN SOLUTION: sum a contiguous copy of x over the group (all-reduce the copy, never x itself)
+        # BEGIN SOLUTION: Sum a copy of the input over the group; never reduce the input tensor in place.
         out = x.contiguous().clone()
         dist.all_reduce(out, group=group)
         return out
@@ -104,55 +113,70 @@ class _ReduceFromTensorParallelRegion(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        # BEGIN SOLUTION: the identity: the gradient passes through unchanged; group gets no gradient
+        # BEGIN SOLUTION: The gradient of a sum reaches every rank unchanged; the group gets no gradient.
         return grad, None
         # END SOLUTION
 
 
 class _GatherFromSequenceParallelRegion(torch.autograd.Function):
-    """All-gather the sequence shards along dim 0; backward reduce-scatters the gradient."""
+    """All-gather the sequence shards along dim 0; backward reduce-scatters the gradient.
+
+    A shard of shape ``[s/t, ...]`` becomes ``[s, ...]``: rank r's shard lands in
+    rows ``r*s/t .. (r+1)*s/t``; dtype and device are the input's. Backward turns
+    a ``[s, ...]`` gradient into this rank's ``[s/t, ...]`` block of its sum over
+    the ranks. Collectives take contiguous tensors.
+    """
 
     @staticmethod
     def forward(ctx, x, group):
-        # BEGIN SOLUTION: ctx.group = group; out = torch.empty((t * x.shape[0], *x.shape[1:])) like x; dist.all_gather_single(out, x.contiguous(), group=group)
+        # BEGIN SOLUTION: Keep the group for backward, then stack every rank's shard, in rank order, into one tensor t times as long.
         ctx.group = group
-        t = dist.get_world_size(group)
-        out = torch.empty((t * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-        dist.all_gather_single(out, x.contiguous(), group=group)
-        return out
+        stacked = list(x.shape)
+        stacked[0] *= dist.get_world_size(group)
+        whole = x.new_empty(stacked)
+        dist.all_gather_single(whole, x.contiguous(), group=group)
+        return whole
         # END SOLUTION
 
     @staticmethod
     def backward(ctx, grad):
-        # BEGIN SOLUTION: shard = empty of shape (grad.shape[0] // t, *grad.shape[1:]); dist.reduce_scatter_single(shard, grad.contiguous(), group=ctx.group); return shard, None
-        t = dist.get_world_size(ctx.group)
-        shard = torch.empty((grad.shape[0] // t, *grad.shape[1:]), dtype=grad.dtype, device=grad.device)
-        dist.reduce_scatter_single(shard, grad.contiguous(), group=ctx.group)
-        return shard, None
+        # BEGIN SOLUTION: The transpose of a gather: sum the gradient over the ranks and keep only this rank's block of the sequence.
+        block = list(grad.shape)
+        block[0] //= dist.get_world_size(ctx.group)
+        mine = grad.new_empty(block)
+        dist.reduce_scatter_single(mine, grad.contiguous(), group=ctx.group)
+        return mine, None
         # END SOLUTION
 
 
 class _ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
-    """Sum the ranks' partial outputs and keep this rank's sequence shard; backward all-gathers."""
+    """Sum the ranks' partial outputs and keep this rank's sequence shard; backward all-gathers.
+
+    ``[s, ...]`` partial sums become this rank's ``[s/t, ...]`` block (rows
+    ``r*s/t ..``) of their sum, same dtype and device; a length t does not divide
+    raises ``ValueError`` (use ``divide``). Backward stacks the ranks' gradient
+    blocks back into ``[s, ...]`` in rank order.
+    """
 
     @staticmethod
     def forward(ctx, x, group):
-        # BEGIN SOLUTION: ctx.group = group; shard of shape (x.shape[0] // t, *x.shape[1:]); dist.reduce_scatter_single(shard, x.contiguous(), group=group)
+        # BEGIN SOLUTION: Keep the group for backward, then sum over the ranks and keep this rank's block of the sequence.
         ctx.group = group
-        t = dist.get_world_size(group)
-        divide(x.shape[0], t, "sequence length")
-        shard = torch.empty((x.shape[0] // t, *x.shape[1:]), dtype=x.dtype, device=x.device)
-        dist.reduce_scatter_single(shard, x.contiguous(), group=group)
-        return shard
+        block = list(x.shape)
+        block[0] = divide(x.shape[0], dist.get_world_size(group), "sequence length")
+        mine = x.new_empty(block)
+        dist.reduce_scatter_single(mine, x.contiguous(), group=group)
+        return mine
         # END SOLUTION
 
     @staticmethod
     def backward(ctx, grad):
-        # BEGIN SOLUTION: full = empty of shape (t * grad.shape[0], *grad.shape[1:]); dist.all_gather_single(full, grad.contiguous(), group=ctx.group); return full, None
-        t = dist.get_world_size(ctx.group)
-        full = torch.empty((t * grad.shape[0], *grad.shape[1:]), dtype=grad.dtype, device=grad.device)
-        dist.all_gather_single(full, grad.contiguous(), group=ctx.group)
-        return full, None
+        # BEGIN SOLUTION: The transpose of a reduce-scatter: stack every rank's gradient block back into the whole sequence.
+        stacked = list(grad.shape)
+        stacked[0] *= dist.get_world_size(ctx.group)
+        whole = grad.new_empty(stacked)
+        dist.all_gather_single(whole, grad.contiguous(), group=ctx.group)
+        return whole, None
         # END SOLUTION
 
 
@@ -190,12 +214,10 @@ class _GatherLastDim(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, y, group):
-        ctx.group, ctx.rank, ctx.local = group, dist.get_rank(group), y.shape[-1]
-        t = dist.get_world_size(group)
-        moved = y.movedim(-1, 0).contiguous()
-        out = torch.empty((t * moved.shape[0], *moved.shape[1:]), dtype=y.dtype, device=y.device)
-        dist.all_gather_single(out, moved, group=group)
-        return out.movedim(0, -1).contiguous()
+        ctx.rank, ctx.local = dist.get_rank(group), y.shape[-1]
+        pieces = [torch.empty_like(y) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(pieces, y.contiguous(), group=group)  # the list form: one tensor per rank
+        return torch.cat(pieces, dim=-1)
 
     @staticmethod
     def backward(ctx, grad):
@@ -211,6 +233,10 @@ class ColumnParallelLinear(torch.nn.Module):
     the whole ``[..., out]`` (not with ``sequence_parallel``).
     ``communicate_input=False`` skips f / the gather: the caller did it once
     for several layers that read the same input (attention's q, k and v).
+    ``gather_output`` together with ``sequence_parallel`` raises ``ValueError``;
+    so does an ``out_features`` t does not divide. ``bias=False`` registers
+    ``bias`` as None. The gathered output's features are in rank order (the
+    provided ``_GatherLastDim`` does it).
     """
 
     def __init__(self, in_features, out_features, bias=True, *, gather_output=False, sequence_parallel=False,
@@ -219,7 +245,7 @@ class ColumnParallelLinear(torch.nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.gather_output, self.sequence_parallel = gather_output, sequence_parallel
         self.group, self.communicate_input = group, communicate_input
-        # BEGIN SOLUTION: t = dist.get_world_size(group); local = divide(out_features, t, "out_features"); self.weight = Parameter [local, in_features]; self.bias = Parameter [local] or None (register_parameter("bias", None))
+        # BEGIN SOLUTION: Create this rank's slice of the weight and bias as the layout in the module docstring says.
         self.t, self.rank = dist.get_world_size(group), dist.get_rank(group)
         local = divide(out_features, self.t, "out_features")
         self.weight = _init_weight(local, in_features)
@@ -232,7 +258,7 @@ class ColumnParallelLinear(torch.nn.Module):
         # END SOLUTION
 
     def forward(self, x):
-        # BEGIN SOLUTION: if communicate_input: x = gather_from_sequence_parallel_region(x) when sequence_parallel else copy_to_tensor_parallel_region(x); y = F.linear(x, weight, bias); if gather_output: all-gather the last dim (a Function, or all-gather dim 0 of y.movedim(-1, 0))
+        # BEGIN SOLUTION: Bring the input into the region unless told not to, apply this rank's slice of the layer, then gather the features if asked.
         if self.communicate_input:
             if self.sequence_parallel:
                 x = gather_from_sequence_parallel_region(x, self.group)
@@ -252,7 +278,10 @@ class RowParallelLinear(torch.nn.Module):
     The partial products are summed by g (or, with ``sequence_parallel``,
     reduce-scattered along the sequence); the bias, whole on every rank, is
     added once after the sum. ``input_is_parallel=False``: the input is whole
-    on every rank and each rank uses its slice of the features.
+    on every rank; it enters the region through f and each rank uses its slice
+    of the features. An ``in_features`` t does not divide raises ``ValueError``.
+    With ``sequence_parallel`` the bias sees only this rank's sequence shard, so
+    its gradient is partial: it carries ``sequence_parallel = True``.
     """
 
     def __init__(self, in_features, out_features, bias=True, *, input_is_parallel=True, sequence_parallel=False,
@@ -260,7 +289,7 @@ class RowParallelLinear(torch.nn.Module):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.input_is_parallel, self.sequence_parallel, self.group = input_is_parallel, sequence_parallel, group
-        # BEGIN SOLUTION: local = divide(in_features, t, "in_features"); self.weight = Parameter [out_features, local]; self.bias = Parameter [out_features] or None; with sequence_parallel mark self.bias.sequence_parallel = True (its gradient comes from this rank's shard only)
+        # BEGIN SOLUTION: Create this rank's columns of the weight and the whole bias; mark the bias when its gradient will be partial.
         self.t, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.local = divide(in_features, self.t, "in_features")
         self.weight = _init_weight(out_features, self.local)
@@ -272,7 +301,7 @@ class RowParallelLinear(torch.nn.Module):
         # END SOLUTION
 
     def forward(self, x):
-        # BEGIN SOLUTION: if not input_is_parallel: x = copy_to_tensor_parallel_region(x)[..., rank slice]; partial = F.linear(x, weight) (no bias); y = reduce_scatter_to_sequence_parallel_region(partial) if sequence_parallel else reduce_from_tensor_parallel_region(partial); then + bias
+        # BEGIN SOLUTION: Take this rank's features if the input is whole, multiply without the bias, sum the partial products, then add the bias.
         if not self.input_is_parallel:
             x = copy_to_tensor_parallel_region(x, self.group)[..., self.rank * self.local:(self.rank + 1) * self.local]
         partial = F.linear(x, self.weight)
@@ -292,13 +321,13 @@ class ParallelMLP(torch.nn.Module):
 
     def __init__(self, hidden, ffn_hidden, *, sequence_parallel=False, group=None):
         super().__init__()
-        # BEGIN SOLUTION: self.fc1 = ColumnParallelLinear(hidden, ffn_hidden, sequence_parallel=..., group=...); self.fc2 = RowParallelLinear(ffn_hidden, hidden, input_is_parallel=True, sequence_parallel=..., group=...)
+        # BEGIN SOLUTION: Pair a column layer that leaves its output split with a row layer that takes it split, both on this group.
         self.fc1 = ColumnParallelLinear(hidden, ffn_hidden, sequence_parallel=sequence_parallel, group=group)
         self.fc2 = RowParallelLinear(ffn_hidden, hidden, sequence_parallel=sequence_parallel, group=group)
         # END SOLUTION
 
     def forward(self, x):
-        # BEGIN SOLUTION: fc2(F.gelu(fc1(x)))
+        # BEGIN SOLUTION: The first layer, the activation, then the second layer.
         return self.fc2(F.gelu(self.fc1(x)))
         # END SOLUTION
 
@@ -308,13 +337,20 @@ class ParallelSelfAttention(torch.nn.Module):
 
     q, k and v are column-parallel (rank r computes heads r*n_heads/t ..),
     attention runs on the local heads only, and ``out`` is row-parallel. The
-    input goes through f (or the sequence gather) once, for q, k and v.
+    input goes through f (or the sequence gather) once, for q, k and v, which
+    are built with ``communicate_input=False``; only ``out`` takes
+    ``sequence_parallel``. ``hidden`` not divisible by ``n_heads``, or
+    ``n_heads`` by t, raises ``ValueError``. Head j of a ``[s, b, features]``
+    projection is its features ``j*head_dim .. (j+1)*head_dim``; attention is
+    ``F.scaled_dot_product_attention`` on ``[b, heads, s, head_dim]`` tensors,
+    causal when ``causal``; the merged heads go back to ``[s, b, features]``
+    in head order before ``out``.
     """
 
     def __init__(self, hidden, n_heads, *, causal=True, sequence_parallel=False, group=None):
         super().__init__()
         self.causal, self.sequence_parallel, self.group = causal, sequence_parallel, group
-        # BEGIN SOLUTION: t = world size; self.local_heads = divide(n_heads, t, "n_heads") (raises ValueError); head_dim = hidden // n_heads; q, k, v = ColumnParallelLinear(hidden, hidden, group=group, communicate_input=False); out = RowParallelLinear(hidden, hidden, sequence_parallel=..., group=group)
+        # BEGIN SOLUTION: Split the heads across the ranks and build the four projections; q, k and v leave the input communication to the caller.
         t = dist.get_world_size(group)
         if hidden % n_heads:
             raise ValueError(f"hidden={hidden} is not divisible by n_heads={n_heads}")
@@ -326,7 +362,7 @@ class ParallelSelfAttention(torch.nn.Module):
         # END SOLUTION
 
     def forward(self, x):
-        # BEGIN SOLUTION: x = gather (sequence_parallel) or f, once; q, k, v = self.q(x) ... each [s, b, local_heads*head_dim] -> [b, local_heads, s, head_dim]; F.scaled_dot_product_attention(q, k, v, is_causal=self.causal); back to [s, b, local_heads*head_dim]; self.out(...)
+        # BEGIN SOLUTION: Communicate the input once, attend over this rank's heads only, then merge them and let the output layer sum the ranks.
         if self.sequence_parallel:
             x = gather_from_sequence_parallel_region(x, self.group)
         else:
@@ -346,12 +382,14 @@ class ParallelTransformerLayer(torch.nn.Module):
     """Pre-LayerNorm transformer layer: y = x + attn(ln1(x)); z = y + mlp(ln2(y)).
 
     Attention is causal. With ``sequence_parallel`` the input and output are
-    this rank's sequence shard ``[s/t, b, h]``; the LayerNorms run on the shard.
+    this rank's sequence shard ``[s/t, b, h]``; the LayerNorms run on the shard,
+    so with ``sequence_parallel`` the weight and bias of both norms carry
+    ``sequence_parallel = True`` (``False`` otherwise).
     """
 
     def __init__(self, hidden, n_heads, ffn_hidden, *, sequence_parallel=False, group=None):
         super().__init__()
-        # BEGIN SOLUTION: ln1, ln2 = nn.LayerNorm(hidden); with sequence_parallel mark their weight and bias .sequence_parallel = True; attn = ParallelSelfAttention(hidden, n_heads, sequence_parallel=..., group=...); mlp = ParallelMLP(hidden, ffn_hidden, ...)
+        # BEGIN SOLUTION: Build the two norms, attention and the MLP on this group; mark the norms' parameters under sequence parallelism.
         self.ln1 = torch.nn.LayerNorm(hidden)
         self.attn = ParallelSelfAttention(hidden, n_heads, sequence_parallel=sequence_parallel, group=group)
         self.ln2 = torch.nn.LayerNorm(hidden)
@@ -362,7 +400,7 @@ class ParallelTransformerLayer(torch.nn.Module):
         # END SOLUTION
 
     def forward(self, x):
-        # BEGIN SOLUTION: a pre-norm residual block: add attention of the first norm of x to x, then add the MLP of the second norm of that
+        # BEGIN SOLUTION: A pre-norm residual block: add attention of the first norm of x to x, then add the MLP of the second norm of that.
         y = x + self.attn(self.ln1(x))
         return y + self.mlp(self.ln2(y))
         # END SOLUTION
@@ -372,10 +410,10 @@ def allreduce_sequence_parallel_grads(module, group=None):
     """Sum over the group the gradients of the parameters marked
     ``sequence_parallel`` (whole on every rank, applied to a sequence shard).
     The training loop calls it after backward, as DDP syncs gradients."""
-    # BEGIN SOLUTION: all-reduce over the group the gradient of every parameter marked sequence_parallel (skip those with no gradient)
-    for p in module.parameters():
-        if getattr(p, "sequence_parallel", False) and p.grad is not None:
-            dist.all_reduce(p.grad, group=group)
+    # BEGIN SOLUTION: Sum over the group the gradient of every marked parameter that has one.
+    marked = [param for param in module.parameters() if getattr(param, "sequence_parallel", False)]
+    for grad in [param.grad for param in marked if param.grad is not None]:
+        dist.all_reduce(grad, group=group)
     # END SOLUTION
 
 
@@ -384,12 +422,17 @@ def allreduce_sequence_parallel_grads(module, group=None):
 
 class VocabParallelEmbedding(torch.nn.Module):
     """Rank r holds embedding rows r*vocab/t .. (r+1)*vocab/t; ids of other ranks
-    give zero rows here, and the all-reduce (g) fills them in."""
+    give zero rows here, and the all-reduce (g) fills them in.
+
+    ``self.weight`` is ``[vocab/t, hidden]`` and ``self.start`` the first id this
+    rank owns; a vocabulary t does not divide raises ``ValueError``. The output
+    is ``[..., hidden]`` for ids ``[...]``, the same on every rank.
+    """
 
     def __init__(self, vocab_size, hidden, *, group=None):
         super().__init__()
         self.group = group
-        # BEGIN SOLUTION: local = divide(vocab_size, t, "vocab_size"); self.start = rank * local; self.weight = Parameter [local, hidden]
+        # BEGIN SOLUTION: Hold this rank's block of vocabulary rows and remember where the block starts.
         t, rank = dist.get_world_size(group), dist.get_rank(group)
         self.local = divide(vocab_size, t, "vocab_size")
         self.start = rank * self.local
@@ -397,7 +440,7 @@ class VocabParallelEmbedding(torch.nn.Module):
         # END SOLUTION
 
     def forward(self, ids):
-        # BEGIN SOLUTION: outside = (ids < start) | (ids >= start + local); local_ids = (ids - start) with outside set to 0; rows = F.embedding(local_ids, weight) * ~outside[..., None]; return reduce_from_tensor_parallel_region(rows)
+        # BEGIN SOLUTION: Look up only the ids this rank owns, zero the rows of the others, and let the reduction fill them in.
         outside = (ids < self.start) | (ids >= self.start + self.local)
         local_ids = (ids - self.start).masked_fill(outside, 0)
         rows = F.embedding(local_ids, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
@@ -406,11 +449,19 @@ class VocabParallelEmbedding(torch.nn.Module):
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy of logits split along the vocabulary, without gathering them."""
+    """Mean cross-entropy of logits split along the vocabulary, without gathering them.
+
+    Rank r's slice holds the logits of ids ``r*local .. (r+1)*local``. Forward
+    all-reduces three per-token quantities (the max, with ``ReduceOp.MAX``; the
+    sum of exponentials of the shifted logits; the target's shifted logit, zero
+    on the ranks that do not own it) and returns the mean of
+    ``log(sum_exp) - target_logit``. Backward needs no collective: it returns
+    the gradient of the local logits and None for ``target`` and ``group``.
+    """
 
     @staticmethod
     def forward(ctx, local_logits, target, group):
-        # BEGIN SOLUTION: max over the local vocab, all_reduce(op=MAX); shifted = logits - max; this rank's target logit (0 where the target is another rank's), all_reduce; sum of exp, all_reduce; loss = log(sum_exp) - target_logit, mean; save softmax, the mask and the local target for backward
+        # BEGIN SOLUTION: Shift by the global max, then combine the global sum of exponentials with the target's logit; keep what backward needs.
         rank, local = dist.get_rank(group), local_logits.shape[-1]
         start = rank * local
         logits_max = local_logits.detach().amax(dim=-1)
@@ -430,7 +481,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss):
-        # BEGIN SOLUTION: grad = softmax, minus 1 at the local target where it is this rank's; times grad_loss / number of tokens; return grad, None, None
+        # BEGIN SOLUTION: The softmax minus one at the targets this rank owns, scaled by the incoming gradient over the number of tokens.
         softmax, outside, local_target = ctx.saved_tensors
         grad = softmax.clone()
         grad.scatter_add_(-1, local_target.unsqueeze(-1), -(~outside).unsqueeze(-1).to(grad.dtype))

@@ -272,9 +272,9 @@ def _zero3(student, rank, n):
         return record
     full = []
     for shard, size in zip(shards, record["layer_sizes"]):
-        gathered = torch.empty(shard.numel() * n, dtype=shard.dtype)
-        tdist.all_gather_single(gathered, shard.detach().contiguous())
-        full.append(gathered[:size])
+        pieces = [torch.zeros_like(shard.detach()) for _ in range(n)]  # the list form, one piece per rank
+        tdist.all_gather(pieces, shard.detach().contiguous())
+        full.append(torch.cat(pieces)[:size])
     record["params"] = torch.cat(full).numpy().copy()
     return record
 
