@@ -255,7 +255,7 @@ def plot_gantt(tasks: Iterable[tuple[int, float, float, str]], ax: Axes | None =
     return ax
 
 
-PIPELINE_COLORS = {"F": "C0", "B": "C1"}  # forward blue, backward orange
+PIPELINE_COLORS = {"F": "C0", "B": "C1", "W": "C2"}  # forward blue, backward orange, weight gradient green
 
 
 def _shade(color: str, chunk: int, chunks: int) -> tuple[float, float, float]:
@@ -273,7 +273,8 @@ def plot_pipeline(timeline: Iterable[tuple], ax: Axes | None = None, title: str 
     """A pipeline schedule's timeline as a Gantt chart: one row per device.
 
     ``timeline`` holds ``(device, kind, microbatch, stage, start, end)`` tuples:
-    ``kind`` is ``"F"`` (forward, blue) or ``"B"`` (backward, orange), ``stage``
+    ``kind`` is ``"F"`` (forward, blue), ``"B"`` (backward, orange) or, when the
+    backward is split, ``"W"`` (its weight-gradient half, green), ``stage``
     the model stage ``0 .. p*v - 1`` that ran (it lives on device ``stage % p``).
     With interleaving (``v > 1`` model chunks per device) chunk ``stage // p``
     picks a lighter (first chunk) or darker (last) shade of the kind's colour.
@@ -285,7 +286,7 @@ def plot_pipeline(timeline: Iterable[tuple], ax: Axes | None = None, title: str 
         raise ValueError("no operations to draw: the timeline is empty")
     for op in ops:
         if len(op) != 6 or op[1] not in PIPELINE_COLORS:
-            raise ValueError(f"expected (device, 'F' or 'B', microbatch, stage, start, end), got {op!r}")
+            raise ValueError(f"expected (device, 'F', 'B' or 'W', microbatch, stage, start, end), got {op!r}")
     devices = sorted({op[0] for op in ops})
     p = max(devices) + 1
     chunks = max(op[3] for op in ops) // p + 1
@@ -297,7 +298,8 @@ def plot_pipeline(timeline: Iterable[tuple], ax: Axes | None = None, title: str 
         ax.text((start + stop) / 2, device, str(microbatch), ha="center", va="center", fontsize=7,
                 clip_on=True)
     handles = [plt.Rectangle((0, 0), 1, 1, color=PIPELINE_COLORS[k], label=name)
-               for k, name in (("F", "forward"), ("B", "backward"))]
+               for k, name in (("F", "forward"), ("B", "backward"), ("W", "weight gradient"))
+               if k != "W" or any(op[1] == "W" for op in ops)]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
     ax.set_yticks(devices, [f"device {d}" for d in devices])
     ax.set_ylim(max(devices) + 0.6, min(devices) - 0.6)

@@ -79,8 +79,21 @@ def test_rejects_an_empty_timeline():
 
 
 def test_rejects_an_unknown_kind():
-    with pytest.raises(ValueError, match="'F' or 'B'"):
-        plot_pipeline([(0, "W", 0, 0, 0.0, 1.0)])
+    with pytest.raises(ValueError, match="'F', 'B' or 'W'"):
+        plot_pipeline([(0, "X", 0, 0, 0.0, 1.0)])
+
+
+def test_a_split_backward_draws_its_weight_gradient_in_its_own_colour(ax):
+    timeline = [(0, "F", 0, 0, 0.0, 1.0), (0, "B", 0, 0, 1.0, 2.0), (0, "W", 0, 0, 2.0, 3.0)]
+    plot_pipeline(timeline, ax=ax)
+    colours = [tuple(round(c, 4) for c in bar.get_facecolor()[:3]) for bar in sorted(bars(ax), key=lambda b: b.get_x())]
+    assert colours == [tuple(round(c, 4) for c in to_rgb(k)) for k in ("C0", "C1", "C2")]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["forward", "backward", "weight gradient"]
+
+
+def test_the_weight_gradient_joins_the_legend_only_when_drawn(ax):
+    plot_pipeline(gpipe_timeline(2, 2), ax=ax)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["forward", "backward"]
 
 
 def test_draws_on_a_new_figure_without_an_axes():

@@ -1,19 +1,23 @@
 """What lecture 12 runs: attention over a sequence split among ranks, small.
 
-Two halves. The first is plain torch on one process: attention of one block
-of keys with its log-sum-exp, the merge of two blocks' results, blockwise
-attention over key blocks, the two sequence layouts and their causal work
-per rank, and a transformer block whose attention never stores its score
-matrix (for the memory measurements). The second runs on the ranks of
-``course.dist.run`` (each rank is a new Python process, so it lives in a
-module, not in the notebook): ring attention and Ulysses attention, forward
-only and without a causal mask, and ``experiments()``, which runs every
+Two halves. The first is plain NumPy and torch on one process: the softmax
+average of one block of scores with its log-sum-exp, the merge of two blocks'
+results, the online softmax over blocks of scores, the two sequence layouts
+and their causal work per rank, and a transformer block whose attention never
+stores its score matrix (for the memory measurements). The second runs on the
+ranks of ``course.dist.run`` (each rank is a new Python process, so it lives
+in a module, not in the notebook): the *communication patterns* of context
+parallelism shown on other computations — a ring that passes blocks of points
+around to sum a kernel over all pairs, and an all-to-all that swaps a sequence
+shard for a channel shard to run a prefix sum — plus the all-gather-KV
+variant of context-parallel attention, and ``experiments()``, which runs every
 distributed measurement of the lecture for one world size in one job.
 
-Tensors are ``[batch, heads, seq, head_dim]`` = ``[b, h, s, d]``, torch's
-``scaled_dot_product_attention`` layout, and scores are ``q kᵀ / √d``. The
-lab (``labs/12-context-parallel``) asks for the full versions: causal masks,
-the zigzag ring, a hand-written backward, gradients through Ulysses.
+Attention tensors are ``[batch, heads, seq, head_dim]`` = ``[b, h, s, d]``,
+torch's ``scaled_dot_product_attention`` layout, and scores are
+``q kᵀ / √d``. The lab (``labs/12-context-parallel``) asks for the attention
+versions of the ring and of Ulysses, with causal masks, the zigzag layout, a
+hand-written backward and gradients through the all-to-alls.
 """
 import math
 import time
@@ -27,39 +31,44 @@ from course.models import GPTBlock
 from course.timing import measure
 from course.torch_audit import OpLog, SavedActivations
 
-# --- 1. one block of keys, and the merge ----------------------------------------------------------
+# --- 1. one block of scores, and the merge (NumPy) --------------------------------------------------
 
 
-def block_attention(q, k, v):
-    """``(out, lse)``: attention of ``q`` over one block of keys ``k``, ``v`` and the
-    log-sum-exp of each query's scores over that block (``[b, h, s_q]``)."""
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    lse = torch.logsumexp(scores, dim=-1)   # torch subtracts the row's max inside: no overflow
-    return torch.exp(scores - lse.unsqueeze(-1)) @ v, lse
+def softmax_average(scores, values):
+    """``(out, lse)`` for one block: the rows of ``values`` ``[..., n, e]`` averaged
+    with weights softmax(``scores`` ``[..., r, n]``) over the last axis, and each
+    row's log-sum-exp of its scores. The row maximum is taken out before ``exp``,
+    so no score overflows."""
+    top = scores.max(axis=-1, keepdims=True)
+    weights = np.exp(scores - top)
+    total = weights.sum(axis=-1, keepdims=True)
+    return (weights @ values) / total, (top + np.log(total))[..., 0]
 
 
 def merge(out_a, lse_a, out_b, lse_b):
-    """Two blocks' ``(out, lse)`` -> the result over both blocks' keys, in the
-    sigmoid form: only *differences* of log-sum-exps are exponentiated."""
-    out = (out_a * torch.sigmoid(lse_a - lse_b).unsqueeze(-1)
-           + out_b * torch.sigmoid(lse_b - lse_a).unsqueeze(-1))
-    return out, lse_a - F.logsigmoid(lse_a - lse_b)
+    """Two blocks' ``(out, lse)`` -> the result over both blocks' columns. The merged
+    lse comes first, by ``logaddexp`` (stable); each block then weighs
+    exp(its lse - the merged lse), a number in [0, 1]."""
+    lse = np.logaddexp(lse_a, lse_b)
+    return np.exp(lse_a - lse)[..., None] * out_a + np.exp(lse_b - lse)[..., None] * out_b, lse
 
 
 def naive_merge(out_a, lse_a, out_b, lse_b):
     """The same merge written with the softmax denominators themselves, exp(lse)."""
-    z_a, z_b = torch.exp(lse_a), torch.exp(lse_b)
-    out = (z_a.unsqueeze(-1) * out_a + z_b.unsqueeze(-1) * out_b) / (z_a + z_b).unsqueeze(-1)
-    return out, torch.log(z_a + z_b)
+    with np.errstate(over="ignore", invalid="ignore"):
+        z_a, z_b = np.exp(lse_a), np.exp(lse_b)
+        out = (z_a[..., None] * out_a + z_b[..., None] * out_b) / (z_a + z_b)[..., None]
+        return out, np.log(z_a + z_b)
 
 
-def blockwise_attention(q, k, v, block, merge_fn=merge):
-    """Attention of all of ``q`` over ``k``, ``v``, taking ``block`` keys at a time
-    (online softmax): no score matrix wider than ``block`` keys ever exists."""
+def online_softmax_average(scores, values, block, merge_fn=merge):
+    """``softmax_average`` of all the columns of ``scores``, taking ``block`` columns
+    (and the matching rows of ``values``) at a time: no more than ``block``
+    columns of weights ever exist at once."""
     out = lse = None
-    for start in range(0, k.shape[-2], block):
-        o, l = block_attention(q, k[..., start:start + block, :], v[..., start:start + block, :])
-        out, lse = (o, l) if out is None else merge_fn(out, lse, o, l)
+    for start in range(0, scores.shape[-1], block):
+        part = softmax_average(scores[..., start:start + block], values[..., start:start + block, :])
+        out, lse = part if out is None else merge_fn(out, lse, *part)
     return out, lse
 
 
@@ -138,53 +147,77 @@ def saved_bytes(module, x):
     return saved.nbytes
 
 
-def ring_attention(q, k, v):
-    """This rank's output for its contiguous shard ``[b, h, s/P, d]`` (no mask,
-    forward only). P steps: attend to the K/V block held, merge, pass the block
-    on to rank r+1 and take rank r-1's. The next transfer is posted before the
-    current block is computed, so that the two can overlap."""
+# --- 4. the ring, on another computation: a kernel summed over all pairs of points -------------------
+
+
+def gaussian_kernel_sums(x, y):
+    """For each row of ``x`` ``[n, d]``: the sum over the rows of ``y`` of exp(-|x - y|² / 2)."""
+    return torch.exp(-0.5 * torch.cdist(x, y) ** 2).sum(dim=1)
+
+
+def ring_kernel_sums(points):
+    """This rank's kernel sums over *all* ranks' points, though it holds only its own
+    ``[n/P, d]``. P rounds: add the sums against the block it holds, then hand the
+    block to rank r+1 and take rank r-1's. The hand-over of the next block is
+    started before the current one is used, so the two can overlap; no rank ever
+    holds more than two blocks."""
     rank, P = dist.get_rank(), dist.get_world_size()
-    kv = torch.stack([k, v])   # one message per step instead of two
-    out = lse = None
-    for step in range(P):
-        if step < P - 1:
-            incoming = torch.empty_like(kv)
-            requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % P),
-                                               dist.P2POp(dist.irecv, incoming, (rank - 1) % P)])
-        o, l = block_attention(q, kv[0], kv[1])
-        out, lse = (o, l) if out is None else merge(out, lse, o, l)
-        if step < P - 1:
-            for request in requests:
-                request.wait()
-            kv = incoming
-    return out
+    visiting, sums = points, torch.zeros(len(points), dtype=points.dtype)
+    for hop in range(P):
+        if hop < P - 1:
+            arriving = torch.empty_like(visiting)
+            sending = dist.isend(visiting, dst=(rank + 1) % P)
+            receiving = dist.irecv(arriving, src=(rank - 1) % P)
+        sums += gaussian_kernel_sums(points, visiting)   # work on what is here while the next block travels
+        if hop < P - 1:
+            sending.wait()
+            receiving.wait()
+            visiting = arriving
+    return sums
 
 
-def all_to_all(x):
-    """Part i of ``x`` (along dim 0) goes to rank i; part j of the result came from rank j."""
-    x = x.contiguous()   # the collective reads and writes raw row-major memory
-    out = torch.empty_like(x)
-    dist.all_to_all_single(out, x)
-    return out
+# --- 5. the all-to-all, on another computation: a prefix sum along a sharded sequence ---------------
 
 
-def ulysses_attention(q, k, v):
-    """This rank's output for its contiguous shard ``[b, h, s/P, d]`` (no mask,
-    forward only). One all-to-all trades the sequence shard of all heads for the
-    whole sequence of h/P heads; attention runs locally; a second all-to-all
-    trades back."""
+def reshard(x, cut):
+    """The all-to-all as a re-sharding: cut ``x`` into P parts along dim ``cut``, part j
+    to rank j, and join what arrives along the other dim, in rank order. On this
+    rank's ``[s/P, c]`` rows of a sequence, ``cut=1`` gives the whole sequence of
+    its c/P channels, ``[s, c/P]``; ``cut=0`` on that gives the rows back."""
+    outgoing = [part.contiguous() for part in x.chunk(dist.get_world_size(), dim=cut)]
+    incoming = [torch.empty_like(part) for part in outgoing]   # every part has one shape
+    dist.all_to_all(incoming, outgoing)
+    return torch.cat(incoming, dim=1 - cut)
+
+
+def channel_sharded_cumsum(x):
+    """The running sum along the sequence of this rank's rows ``[s/P, c]``, as if one
+    process held the whole sequence: re-shard to whole sequences of c/P channels,
+    sum locally, re-shard back. Channels that do not divide among the ranks raise
+    ``ValueError``."""
     P = dist.get_world_size()
-    b, h, s_local, d = q.shape
-    if h % P:
-        raise ValueError(f"{h} heads do not split among {P} ranks")
-    qkv = torch.stack([q, k, v]).reshape(3, b, P, h // P, s_local, d).movedim(2, 0)   # [P, 3, b, h/P, s/P, d]
-    qkv = all_to_all(qkv).movedim(0, 3).reshape(3, b, h // P, P * s_local, d)         # my heads, all positions
-    out, _ = block_attention(qkv[0], qkv[1], qkv[2])
-    out = all_to_all(out.reshape(b, h // P, P, s_local, d).movedim(2, 0))             # [P, b, h/P, s/P, d]
-    return out.movedim(0, 1).reshape(b, h, s_local, d)
+    if x.shape[1] % P:
+        raise ValueError(f"{x.shape[1]} channels do not split among {P} ranks")
+    return reshard(torch.cumsum(reshard(x, cut=1), dim=0), cut=0)
 
 
-# --- 5. the lecture's distributed measurements, one job per world size --------------------------------
+# --- 6. context-parallel attention by all-gathering K and V ----------------------------------------
+
+
+def all_gather_kv_attention(q, k, v):
+    """This rank's output for its contiguous shard ``[b, h, s/P, d]`` (no mask, forward
+    only): gather every rank's K and V into the whole ``[b, h, s, d]`` (one
+    all-gather of the two stacked), then attend locally with torch's own kernel.
+    Simple, and one collective, but every rank holds all of K and V."""
+    P = dist.get_world_size()
+    mine = torch.stack([k, v])                                       # [2, b, h, s/P, d]
+    gathered = torch.empty((P * 2, *mine.shape[1:]), dtype=mine.dtype)
+    dist.all_gather_into_tensor(gathered, mine)                      # rank j's K, V at rows 2j, 2j + 1
+    whole = torch.cat(gathered.view(P, *mine.shape).unbind(0), dim=-2)   # [2, b, h, s, d], positions in order
+    return F.scaled_dot_product_attention(q, whole[0], whole[1])
+
+
+# --- 7. the lecture's distributed measurements, one job per world size --------------------------------
 
 
 def random_qkv(shape, dtype=torch.float64, seed=0):
@@ -193,21 +226,21 @@ def random_qkv(shape, dtype=torch.float64, seed=0):
     return [torch.randn(shape, generator=gen, dtype=dtype) for _ in range(3)]
 
 
-def my_shard(x):
+def my_shard(x, dim=-2):
     rank, P = dist.get_rank(), dist.get_world_size()
-    return x.chunk(P, dim=-2)[rank].contiguous()
+    return x.chunk(P, dim=dim)[rank].contiguous()
 
 
 def warm_up_links():
     """Gloo opens a connection at the first message between two ranks, and the
-    first all-to-all is slow too: run each once before anything is measured."""
+    first collective of each kind is slow too: run each once before anything is measured."""
     rank, P = dist.get_rank(), dist.get_world_size()
-    token = torch.zeros(P)
-    requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, token[:1], (rank + 1) % P),
-                                       dist.P2POp(dist.irecv, torch.empty(1), (rank - 1) % P)])
-    for request in requests:
-        request.wait()
-    all_to_all(token)
+    token, back = torch.zeros(P), torch.empty(P)
+    sending = dist.isend(token, dst=(rank + 1) % P)
+    dist.recv(back, src=(rank - 1) % P)
+    sending.wait()
+    dist.all_to_all(list(torch.zeros(P, 1).unbind(0)), list(token.reshape(P, 1).unbind(0)))
+    dist.all_gather_into_tensor(torch.empty(P * P), token)
 
 
 def slowest_rank_times(fn, repeats):
@@ -223,43 +256,63 @@ def slowest_rank_times(fn, repeats):
     return runs
 
 
-METHODS = {"ring": ring_attention, "ulysses": ulysses_attention}
-SHAPE = (2, 4, 16, 8)            # b, h, s, d of the exactness and volume runs (float64)
-HEADS = (1, 2, 3, 4, 6, 8)       # head counts to try, the rest of SHAPE unchanged
+POINTS = (48, 3)                 # n, d of the ring's kernel sums (float64)
+SEQ = (16, 12)                   # s, c of the re-sharded prefix sum (float64)
+CHANNELS = (1, 2, 3, 4, 6, 8)    # channel counts to try, s unchanged
+SHAPE = (2, 4, 16, 8)            # b, h, s, d of the all-gather-KV attention (float64)
 TIME_SHAPE = (1, 8, 1024, 32)    # b, h, s, d of the timings (float32)
 
 
-def experiments(shape=SHAPE, heads=HEADS, time_shape=TIME_SHAPE, repeats=5):
-    """On every rank: each method's largest error against full attention (float64),
-    the communication it ran (``OpLog``: element counts of each send, receive and
-    all-to-all), which head counts each accepts, and float32 timings."""
+def experiments(repeats=5):
+    """On every rank: each pattern's largest error against one process (float64), the
+    communication it ran (``OpLog``: element counts of each send, receive,
+    all-to-all and all-gather), which channel counts the all-to-all accepts, and
+    float32 timings: all-gather-KV attention, and one ring step's two halves —
+    the attention of one block pair, and the shift of one K/V block."""
     rank, P = dist.get_rank(), dist.get_world_size()
     warm_up_links()
-    q, k, v = random_qkv(shape)
-    full = F.scaled_dot_product_attention(q, k, v)   # torch's own attention: the oracle
-    result = {"error": {}, "comm": {}, "heads": {}, "time": {}}
-    for name, method in METHODS.items():
+    result = {"error": {}, "comm": {}, "channels": {}, "time": {}}
+    points = random_qkv(POINTS)[0]
+    sequence = random_qkv(SEQ)[0]
+    q, k, v = random_qkv(SHAPE)
+    runs = {"ring": (lambda: ring_kernel_sums(my_shard(points, 0)),
+                     lambda: my_shard(gaussian_kernel_sums(points, points), 0)),
+            "all-to-all": (lambda: channel_sharded_cumsum(my_shard(sequence, 0)),
+                           lambda: my_shard(torch.cumsum(sequence, dim=0), 0)),
+            "all-gather": (lambda: all_gather_kv_attention(my_shard(q), my_shard(k), my_shard(v)),
+                           lambda: my_shard(F.scaled_dot_product_attention(q, k, v)))}
+    for name, (distributed, one_process) in runs.items():
         with OpLog() as log, log.phase(name):
-            out = method(my_shard(q), my_shard(k), my_shard(v))
-        result["error"][name] = float((out - my_shard(full)).abs().max())
-        result["comm"][name] = {kind: log.elements(kind, name) for kind in ("send", "recv", "all_to_all")}
+            out = distributed()
+        result["error"][name] = float((out - one_process()).abs().max())
+        result["comm"][name] = {kind: log.elements(kind, name) for kind in ("send", "recv", "all_to_all", "all_gather")}
 
-    for h in heads:   # the same sequence, other head counts
-        qh, kh, vh = random_qkv((shape[0], h, *shape[2:]), seed=h)
-        full_h = my_shard(F.scaled_dot_product_attention(qh, kh, vh))
-        for name, method in METHODS.items():
-            try:
-                out = method(my_shard(qh), my_shard(kh), my_shard(vh))
-                result["heads"][name, h] = float((out - full_h).abs().max())
-            except ValueError as error:
-                result["heads"][name, h] = str(error)
+    for c in CHANNELS:   # the same sequence length, other channel counts
+        seq_c = random_qkv((SEQ[0], c), seed=c)[0]
+        try:
+            out = channel_sharded_cumsum(my_shard(seq_c, 0))
+            result["channels"][c] = float((out - my_shard(torch.cumsum(seq_c, dim=0), 0)).abs().max())
+        except ValueError as error:
+            result["channels"][c] = str(error)
 
-    q, k, v = random_qkv(time_shape, dtype=torch.float32)
+    q, k, v = random_qkv(TIME_SHAPE, dtype=torch.float32)
     if rank == 0:   # one process, the whole sequence, the same kernel; the others wait
-        result["time"]["one process"] = measure(lambda: block_attention(q, k, v), repeat=repeats).runs
+        result["time"]["one process"] = measure(lambda: F.scaled_dot_product_attention(q, k, v),
+                                                repeat=repeats).runs
     dist.barrier()
     mine = [my_shard(t) for t in (q, k, v)]
-    for name, method in METHODS.items():
-        method(*mine)   # warm-up
-        result["time"][name] = slowest_rank_times(lambda: method(*mine), repeats)
+    all_gather_kv_attention(*mine)   # warm-up
+    result["time"]["all-gather"] = slowest_rank_times(lambda: all_gather_kv_attention(*mine), repeats)
+    # One ring step, its two halves apart: attention of my queries on one K/V block, and the shift of a block.
+    block = torch.stack(mine[1:])
+    result["time"]["step compute"] = measure(lambda: F.scaled_dot_product_attention(*mine), repeat=repeats).runs
+
+    def shift():
+        arriving = torch.empty_like(block)
+        sending = dist.isend(block, dst=(rank + 1) % P)
+        dist.recv(arriving, src=(rank - 1) % P)
+        sending.wait()
+    shift()
+    result["time"]["step transfer"] = slowest_rank_times(shift, repeats)
+    result["time"]["block bytes"] = block.numel() * block.element_size()
     return result

@@ -1,22 +1,23 @@
 """What lecture 11 runs: pipeline schedules on paper and for real.
 
 Two halves. The first is plain Python: build a schedule (the order of forward
-and backward ops on every device), run it on paper with an event simulator,
-and cut a model's layers into balanced stages. The second runs on the ranks of
+and backward ops on every device, the backward split in two for zero-bubble
+schedules), run it on paper by a longest-path computation over its ops, and
+cut a model's layers into balanced stages by trying every cut. The second runs on the ranks of
 ``course.dist.run`` (each rank is a new Python process, so it lives in a module,
 not in the notebook): a small executor that sends activations forward and
 gradients backward with ``torch.distributed`` point-to-point messages.
 
 Formats (the same as lab 11's):
 
-- an op is ``(kind, microbatch, stage)``, kind ``"F"`` or ``"B"``; model stage
+- an op is ``(kind, microbatch, stage)``, kind ``"F"`` or ``"B"`` (or ``"W"``,
+  the weight-gradient half of a split backward, which the lab has not); model stage
   ``s`` of ``p * v`` lives on device ``s % p``;
 - a schedule is a list of ``p`` lists, the ops of each device in order;
 - ``F(mb, s)`` needs ``F(mb, s-1)``; ``B(mb, s)`` needs ``F(mb, s)`` and
   ``B(mb, s+1)``;
 - a timeline is a list of ``(device, kind, microbatch, stage, start, end)``.
 """
-import functools
 import itertools
 import time
 
@@ -59,51 +60,106 @@ def schedule(p, m, kind, v=1):
 
 
 def needs(op, stages):
-    """The ops ``op`` must wait for."""
+    """The ops ``op`` must wait for. With the backward split (zero-bubble schedules),
+    ``B`` is the input gradient only and ``W(mb, s)``, the weight gradient, needs
+    just the ``B`` of its own microbatch and stage."""
     kind, mb, s = op
     if kind == "F":
         return [("F", mb, s - 1)] if s > 0 else []
+    if kind == "W":
+        return [("B", mb, s)]
     return [("F", mb, s)] + ([("B", mb, s + 1)] if s < stages - 1 else [])
 
 
-def simulate(plan, t_f, t_b, t_comm=0.0):
+def simulate(plan, t_f, t_b, t_comm=0.0, t_w=0.0):
     """Run ``plan`` on paper: each device runs its ops in order, each as soon as
     the device is free and what it needs has ended (``t_comm`` later if that
-    ran on another device). ``t_f``/``t_b`` are one op's time, or a list with
-    one per stage. Returns the timeline, the makespan, the bubble (idle time /
-    (p * makespan)) and each device's peak of microbatches in flight (F done,
-    B not yet)."""
+    ran on another device). ``t_f``/``t_b``/``t_w`` are one op's time, or a list
+    with one per stage (``t_w`` only for plans with ``W`` ops). Returns the
+    timeline, the makespan, the bubble (idle time / (p * makespan)) and each
+    device's peak of microbatches in flight.
+
+    An op's start is the latest of what it waits for: its device's previous op
+    and the ops it needs. That is a longest-path computation over the graph of
+    ops, done in a topological order (Kahn's algorithm): an op is timed once
+    everything it waits for has been; ops never timed lie on a cycle, a deadlock."""
     p = len(plan)
     stages = 1 + max(s for ops in plan for _, _, s in ops)
-    t_f = t_f if isinstance(t_f, (list, tuple)) else [t_f] * stages
-    t_b = t_b if isinstance(t_b, (list, tuple)) else [t_b] * stages
-    done, nxt, free, timeline = {}, [0] * p, [0.0] * p, []
-    while any(nxt[d] < len(plan[d]) for d in range(p)):
-        ran = False
-        for d in range(p):
-            while nxt[d] < len(plan[d]) and all(n in done for n in needs(plan[d][nxt[d]], stages)):
-                op = plan[d][nxt[d]]
-                ready = [done[n] + (t_comm if n[2] % p != d else 0.0) for n in needs(op, stages)]
-                start = max([free[d], *ready])
-                free[d] = done[op] = start + (t_f if op[0] == "F" else t_b)[op[2]]
-                timeline.append((d, op[0], op[1], op[2], start, free[d]))
-                nxt[d] += 1
-                ran = True
-        if not ran:
-            raise RuntimeError(f"deadlock: next ops {[plan[d][nxt[d]] for d in range(p) if nxt[d] < len(plan[d])]}")
-    makespan = max(end for *_, end in timeline)
-    busy = sum(end - start for *_, start, end in timeline)
+    per_stage = {kind: (t if isinstance(t, (list, tuple)) else [t] * stages)
+                 for kind, t in (("F", t_f), ("B", t_b), ("W", t_w))}
+    device = {op: d for d, ops in enumerate(plan) for op in ops}
+    waits = {op: [(n, t_comm if device[n] != device[op] else 0.0) for n in needs(op, stages)] for op in device}
+    for ops in plan:
+        for before, op in zip(ops, ops[1:]):
+            waits[op].append((before, 0.0))
+    unblocks = {op: [] for op in device}
+    for op, pairs in waits.items():
+        for n, _ in pairs:
+            unblocks[n].append(op)
+    left = {op: len(pairs) for op, pairs in waits.items()}
+    ready = [op for op, count in left.items() if count == 0]
+    start, end = {}, {}
+    while ready:
+        op = ready.pop()
+        start[op] = max([end[n] + delay for n, delay in waits[op]], default=0.0)
+        end[op] = start[op] + per_stage[op[0]][op[2]]
+        for later in unblocks[op]:
+            left[later] -= 1
+            if left[later] == 0:
+                ready.append(later)
+    if len(end) < len(device):
+        stuck = [next(op for op in ops if op not in end) for ops in plan if any(op not in end for op in ops)]
+        raise RuntimeError(f"deadlock: next ops {stuck}")
+    timeline = sorted(((device[op], *op, start[op], end[op]) for op in device), key=lambda e: (e[4], e[0]))
+    makespan = max(end.values())
+    busy = sum(end[op] - start[op] for op in device)
     return {"timeline": timeline, "makespan": makespan, "bubble": 1 - busy / (p * makespan),
             "peak_in_flight": [in_flight_peak(ops) for ops in plan]}
 
 
 def in_flight_peak(ops):
-    """The most (microbatch, stage) activations a device holds: +1 per F, -1 per B."""
+    """The most (microbatch, stage) activations a device holds: +1 per F, -1 per
+    the op that ends its backward (W when the backward is split, else B)."""
+    last = "W" if any(kind == "W" for kind, _, _ in ops) else "B"
     held = peak = 0
     for kind, _, _ in ops:
-        held += 1 if kind == "F" else -1
+        held += 1 if kind == "F" else -1 if kind == last else 0
         peak = max(peak, held)
     return peak
+
+
+def zero_bubble(p, m, cap=None):
+    """A zero-bubble schedule in the spirit of ZB-H1 (Qi et al., 2024), found by a
+    rule rather than written down: the forwards and input gradients (B) in
+    1F1B's order, each B leaving a weight gradient (W) that can run any time
+    later. Time advances in unit steps (t_f = t_b = t_w = 1); at each, a free
+    device runs its next F or B if its inputs have arrived, and otherwise its
+    oldest waiting W. A device holding ``cap`` microbatches (F done, W not;
+    default p, what 1F1B's first device holds; a list gives one per device) runs
+    a waiting W before a new F. Returns the op lists each device ended up running."""
+    caps = [p] * p if cap is None else list(cap) if isinstance(cap, (list, tuple)) else [cap] * p
+    base, order = schedule(p, m, "1f1b"), [[] for _ in range(p)]
+    nxt, waiting, held, free, end = [0] * p, [[] for _ in range(p)], [0] * p, [0] * p, {}
+    clock = 0
+    while any(nxt[d] < len(base[d]) or waiting[d] for d in range(p)):
+        for d in range(p):
+            if free[d] > clock:
+                continue
+            op = base[d][nxt[d]] if nxt[d] < len(base[d]) else None
+            full = op is not None and op[0] == "F" and held[d] >= caps[d] and waiting[d]
+            if op is not None and not full and all(end.get(n, clock + 1) <= clock for n in needs(op, p)):
+                nxt[d] += 1
+                if op[0] == "B":
+                    waiting[d].append(("W", op[1], op[2]))
+            elif waiting[d]:
+                op = waiting[d].pop(0)
+            else:
+                continue
+            held[d] += {"F": 1, "B": 0, "W": -1}[op[0]]
+            end[op], free[d] = clock + 1, clock + 1
+            order[d].append(op)
+        clock += 1
+    return order
 
 
 # --- 2. balanced partitioning ---------------------------------------------------------------------
@@ -115,28 +171,9 @@ def stage_times(costs, bounds, speeds=None):
     return [sum(costs[a:b]) / speed for a, b, speed in zip(bounds, bounds[1:], speeds)]
 
 
-def partition(costs, p, speeds=None):
-    """Cut ``costs`` into ``p`` contiguous non-empty stages (stage ``i`` on a device
-    of speed ``speeds[i]``) so that the slowest stage is fastest. Dynamic
-    programming over "the first ``k`` devices take layers ``0 .. i``"."""
-    n, speeds = len(costs), speeds or [1.0] * p
-    prefix = list(itertools.accumulate(costs, initial=0))
-
-    @functools.lru_cache(maxsize=None)
-    def best(k, i):  # (bottleneck, boundaries) for layers [0, i) on devices [0, k)
-        if k == 1:
-            return prefix[i] / speeds[0], (0, i)
-        options = []
-        for j in range(k - 1, i):  # the last device takes layers j .. i-1
-            head, cuts = best(k - 1, j)
-            options.append((max(head, (prefix[i] - prefix[j]) / speeds[k - 1]), cuts + (i,)))
-        return min(options)
-
-    return list(best(p, n)[1])
-
-
 def brute_force_partition(costs, p, speeds=None):
-    """Every way to cut: the ``C(n-1, p-1)`` choices of ``p-1`` cut points."""
+    """The cut whose slowest stage is fastest, found by trying every way to cut:
+    the ``C(n-1, p-1)`` choices of ``p-1`` cut points (the first best one)."""
     n = len(costs)
     cuts = ([0, *c, n] for c in itertools.combinations(range(1, n), p - 1))
     return min(cuts, key=lambda b: max(stage_times(costs, b, speeds)))

@@ -48,7 +48,7 @@ def partition(costs, p, speeds=None):
     Example: ``partition([1, 1, 1, 1], 2)`` is ``[0, 2, 4]``;
     ``partition([1, 1, 1, 1], 2, speeds=[3, 1])`` is ``[0, 3, 4]``.
     """
-    raise NotImplementedError('not implemented yet: partition: dynamic programming: best[k][i] = the smallest bottleneck for the first i layers on the first k devices = min over j < i of max(best[k-1][j], sum(costs[j:i]) / speeds[k-1]); remember the best j to rebuild the boundaries')
+    raise NotImplementedError('not implemented yet: partition: dynamic programming over how many devices take the first i layers; remember each best cut to rebuild the boundaries')
 
 
 # --- 2. Schedules ---------------------------------------------------------------------
@@ -72,7 +72,7 @@ def make_schedule(p, m, kind, v=1):
 
     ``v > 1`` is only for ``"interleaved"``; anything else raises ``ValueError``.
     """
-    raise NotImplementedError('not implemented yet: make_schedule: for each device build the list of ("F", mb, stage) and ("B", mb, stage) ops; 1F1B and interleaved share one loop: the device\'s forwards and backwards in order, warm-up forwards first, then alternate F, B while forwards remain, then the remaining Bs')
+    raise NotImplementedError("not implemented yet: make_schedule: build each device's forwards and backwards in order, then lay them out as warm-up forwards, alternating pairs, and cool-down")
 
 
 # --- 3. Simulate a schedule -------------------------------------------------------------
@@ -92,10 +92,14 @@ def simulate(schedule, t_f, t_b, t_comm=0):
          "peak_in_flight": [per device: the most (microbatch, stage) pairs
                             whose F has run but whose B has not, at any time]}
 
+    The last stage is the largest stage number in ``schedule`` (``p * v - 1``):
+    its B needs only its own F. A device's ``peak_in_flight`` is read off its list
+    alone (+1 for each F, -1 for each B, the largest running total).
+
     Raises ``RuntimeError`` naming what each blocked device waits for when no
     device can go on (a deadlock).
     """
-    raise NotImplementedError("not implemented yet: simulate: keep, per device, the index of its next op and when it is free, and a dict op -> end time; sweep the devices again and again, running each next op whose dependencies have ended (start = max(free, each dependency's end + t_comm if it ran on another device)); a sweep that runs nothing while ops remain is a deadlock. The last stage is p * v - 1, with v = the number of distinct stages / p")
+    raise NotImplementedError('not implemented yet: simulate: sweep the devices again and again, starting each next op whose dependencies have ended; a sweep that starts nothing is a deadlock')
 
 
 # --- 4. The executor -------------------------------------------------------------------
@@ -120,6 +124,12 @@ def run_pipeline(stage_module, ops, microbatches, targets, loss_fn, activation_s
     steps the optimizer. Returns the mean loss over the microbatches (a float)
     on the last rank, ``None`` on the others.
 
+    Ranks ``r - 1`` and ``r + 1`` are ranks of ``group``; point-to-point calls
+    take global ranks, so translate them (``dist.get_global_rank``) when a
+    group is given. Keep each microbatch's stage input (received as a tensor
+    that requires grad, so that its gradient exists after B) and its output
+    until that microbatch's B.
+
     Every message is one microbatch's activation or gradient, sent and
     received in the order of ``ops`` (the grader records them; a receive may
     be posted together with the previous op's send, as ``batch_isend_irecv``
@@ -134,4 +144,4 @@ def run_pipeline(stage_module, ops, microbatches, targets, loss_fn, activation_s
     together, with ``dist.batch_isend_irecv``, as Megatron's
     ``send_forward_recv_backward`` does; the grader runs on gloo.)
     """
-    raise NotImplementedError("not implemented yet: run_pipeline: rank, world from dist.get_rank(group)/get_world_size(group); peers are ranks rank-1 and rank+1 of the group (dist.get_global_rank(group, r) when group is not None); keep per microbatch the stage's input (requires_grad) and output (the loss on the last rank); F: recv into torch.empty(activation_shape), requires_grad_(), forward, isend out.detach(); B: backward (from the loss on the last rank, else from a received gradient), then isend input.grad to rank-1; wait every send at the end")
+    raise NotImplementedError("not implemented yet: run_pipeline: keep each microbatch's stage input and output until its backward; post sends without blocking and wait for them all at the end")

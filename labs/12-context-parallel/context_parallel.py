@@ -106,7 +106,7 @@ def _peer(group, rank):
 def _start_shift(tensor, group):
     """Post sending ``tensor`` to the next rank and receiving the previous rank's:
     ``(buffer, requests)``; the buffer is ready once every request is waited for."""
-    raise NotImplementedError('not implemented yet: _start_shift: non-blocking: an isend to the next rank and an irecv from the previous one, posted together')
+    raise NotImplementedError('not implemented yet: _start_shift: post the send to the next rank and the receive from the previous one together, without blocking')
 
 
 def _finish_shift(requests):

@@ -138,7 +138,7 @@ def _peer(group, rank):
 def _start_shift(tensor, group):
     """Post sending ``tensor`` to the next rank and receiving the previous rank's:
     ``(buffer, requests)``; the buffer is ready once every request is waited for."""
-    # BEGIN SOLUTION: non-blocking: an isend to the next rank and an irecv from the previous one, posted together
+    # BEGIN SOLUTION: post the send to the next rank and the receive from the previous one together, without blocking
     rank, P = dist.get_rank(group), dist.get_world_size(group)
     buffer = torch.empty_like(tensor)
     ops = [dist.P2POp(dist.isend, tensor, _peer(group, (rank + 1) % P), group),

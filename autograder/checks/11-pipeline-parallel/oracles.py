@@ -73,24 +73,42 @@ def validate(schedule, p, m, v=1):
     missing = [(k, mb, s) for k in "FB" for mb in range(m) for s in range(stages) if (k, mb, s) not in where]
     if missing:
         return f"{len(missing)} ops are never run, e.g. {op_text(missing[0])}"
-    done, position = set(), [0] * p
-    while any(position[d] < len(schedule[d]) for d in range(p)):
-        progressed = False
-        for d in range(p):
-            while position[d] < len(schedule[d]) and all(
-                    need in done for need in dependencies(tuple(schedule[d][position[d]]), stages)):
-                done.add(tuple(schedule[d][position[d]]))
-                position[d] += 1
-                progressed = True
-        if not progressed:
-            waits = []
-            for d in range(p):
-                if position[d] < len(schedule[d]):
-                    op = tuple(schedule[d][position[d]])
-                    needs = [op_text(n) for n in dependencies(op, stages) if n not in done]
-                    waits.append(f"device {d} waits for {' and '.join(needs)} before its {op_text(op)}")
-            return "deadlock: " + " while ".join(waits)
-    return None
+    return _deadlock(schedule, stages)
+
+
+def _deadlock(schedule, stages):
+    """None when the ops can all run, else the deadlock in words. The ops and two kinds of
+    edges (each op after its device's previous op, each op after what it needs) form a
+    graph; the schedule runs exactly when that graph has no cycle. Kahn's algorithm peels
+    off ops with nothing left to wait for; whatever is never peeled off is stuck."""
+    ops = [tuple(op) for ops_of_device in schedule for op in ops_of_device]
+    waits_for = {op: set(dependencies(op, stages)) for op in ops}
+    for ops_of_device in schedule:
+        for earlier, later in zip(ops_of_device, ops_of_device[1:]):
+            waits_for[tuple(later)].add(tuple(earlier))
+    unblocks = {op: [] for op in ops}
+    for op, needed in waits_for.items():
+        for need in needed:
+            unblocks[need].append(op)
+    remaining = {op: len(needed) for op, needed in waits_for.items()}
+    ready = [op for op, count in remaining.items() if count == 0]
+    peeled = set()
+    while ready:
+        op = ready.pop()
+        peeled.add(op)
+        for after in unblocks[op]:
+            remaining[after] -= 1
+            if remaining[after] == 0:
+                ready.append(after)
+    if len(peeled) == len(ops):
+        return None
+    waits = []
+    for d, ops_of_device in enumerate(schedule):
+        stuck = next((tuple(op) for op in ops_of_device if tuple(op) not in peeled), None)
+        if stuck is not None:
+            needs = [op_text(n) for n in dependencies(stuck, stages) if n not in peeled]
+            waits.append(f"device {d} waits for {' and '.join(needs)} before its {op_text(stuck)}")
+    return "deadlock: " + " while ".join(waits)
 
 
 def _number(value):
@@ -161,15 +179,9 @@ def timeline_problem(schedule, t_f, t_b, t_comm, timeline, tolerance=1e-9):
 
 
 def peak_in_flight(schedule):
-    """Per device: the most microbatches in flight along its list (F run, B not yet)."""
-    peaks = []
-    for ops in schedule:
-        held = peak = 0
-        for op in ops:
-            held += 1 if op[0] == "F" else -1
-            peak = max(peak, held)
-        peaks.append(peak)
-    return peaks
+    """Per device: the most microbatches in flight along its list (F run, B not yet):
+    the largest running total of +1 per F and -1 per B, 0 for an empty list."""
+    return [max(itertools.accumulate(1 if op[0] == "F" else -1 for op in ops), default=0) for ops in schedule]
 
 
 def closed_form(p, m, t_f, t_b, v=1):

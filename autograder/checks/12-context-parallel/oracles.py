@@ -61,9 +61,9 @@ def lse_problem(q, k, causal, lse, what, tolerance=1e-9):
     found, problem = _array(lse, q.shape[:-1], what)
     if problem:
         return problem
-    scores = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
-    if causal:
-        scores = np.where(np.triu(np.ones(scores.shape[-2:], dtype=bool), 1), -np.inf, scores)
+    scores = np.einsum("...id,...jd->...ij", q, k) / math.sqrt(q.shape[-1])
+    if causal:  # row i sees the keys j <= i, the lower triangle
+        scores = np.where(np.tri(*scores.shape[-2:], dtype=bool), scores, -np.inf)
     with np.errstate(over="ignore", invalid="ignore"):
         total = np.exp(scores - found[..., None]).sum(axis=-1)
     at, count = _first_not_one(total, tolerance)
