@@ -17,7 +17,7 @@ def parallel_saxpy(a, x, y):
     """Return ``a * x + y`` for 1-D arrays ``x`` and ``y`` (a *map*: every
     element is independent of every other)."""
     out = np.empty_like(x)
-    raise NotImplementedError('not implemented yet: parallel_saxpy: loop over the elements with prange and write out[i]')
+    raise NotImplementedError('not implemented yet: parallel_saxpy: Every element is independent: split the loop over them between threads.')
     return out
 
 
@@ -29,7 +29,7 @@ def parallel_sum(x):
     that into one private partial sum per thread, combined at the end. An array
     element used as the accumulator is *not* recognised and races.
     """
-    raise NotImplementedError('not implemented yet: parallel_sum: accumulate into a local scalar inside a prange loop (numba makes that a reduction)')
+    raise NotImplementedError('not implemented yet: parallel_sum: Keep the running total in a plain local number inside the parallel loop, which numba treats as a reduction.')
 
 
 @njit(parallel=True)
@@ -43,19 +43,19 @@ def parallel_histogram(x, n_bins, lo, hi):
     Threads that increment a shared ``counts[b] += 1`` lose updates. Give each
     chunk of the input its own private row of counts, then add the rows up.
     """
-    raise NotImplementedError('not implemented yet: parallel_histogram: one private row of counts per chunk (prange over chunks), then sum the rows')
+    raise NotImplementedError('not implemented yet: parallel_histogram: Give each thread a chunk of the input and a private row of counts, then add the rows together.')
 
 
 def amdahl_speedup(serial_fraction, p):
     """Amdahl: speedup on ``p`` workers of a job whose ``serial_fraction`` cannot
     be parallelised, at a fixed problem size."""
-    raise NotImplementedError('not implemented yet: amdahl_speedup: on p workers the serial part still takes its share of the time; only the rest is divided by p')
+    raise NotImplementedError('not implemented yet: amdahl_speedup: On p workers the serial share of the time stays as it is; only the parallel share is divided among them.')
 
 
 def gustafson_speedup(serial_fraction, p):
     """Gustafson: scaled speedup on ``p`` workers when the parallel part grows
     with ``p`` and ``serial_fraction`` is measured on the parallel run."""
-    raise NotImplementedError('not implemented yet: gustafson_speedup: the serial part stays, the parallel part does p times the work in the same time')
+    raise NotImplementedError('not implemented yet: gustafson_speedup: The serial share stays fixed while the parallel share does p times the work in the same time.')
 
 
 def fit_amdahl(p, t):
@@ -65,4 +65,4 @@ def fit_amdahl(p, t):
     Return ``(f, t1)``: the serial fraction and the fitted one-worker time.
     Hint: the model is a straight line in ``1/p``.
     """
-    raise NotImplementedError('not implemented yet: fit_amdahl: fit t = a + b/p by least squares, then read f and t1 off a and b')
+    raise NotImplementedError('not implemented yet: fit_amdahl: Fit a straight line in 1/p by least squares, then read the serial fraction and t1 off its intercept and slope.')

@@ -17,45 +17,50 @@ from numba import cuda
 def launch_config(n, threads_per_block=256):
     """Return ``(blocks_per_grid, threads_per_block)`` for a 1-D launch that gives
     at least one thread to each of ``n`` elements, with as few blocks as possible."""
-    raise NotImplementedError('not implemented yet: launch_config: round the division up, in integer arithmetic')
+    raise NotImplementedError('not implemented yet: launch_config: Round the division up, in integer arithmetic.')
 
 
 @cuda.jit
 def relu_kernel(out, x):
-    """``out[i] = max(x[i], 0)`` — a map: one thread per element."""
-    raise NotImplementedError("not implemented yet: relu_kernel: find this thread's element, guard against the end of the data, write it")
+    """The ReLU of ``x`` into ``out`` (same size): each element of ``x``, or zero
+    where it is negative. A map: one thread per element."""
+    raise NotImplementedError("not implemented yet: relu_kernel: Find this thread's element, guard against the end of the data, and write it.")
 
 
 @cuda.jit
 def saxpy_kernel(out, a, x, y):
-    """``out[i] = a * x[i] + y[i]`` — a zip of two arrays."""
-    raise NotImplementedError('not implemented yet: saxpy_kernel: global index from blockIdx, blockDim and threadIdx; guard; write')
+    """SAXPY into ``out``: the scalar ``a`` times each element of ``x``, plus the
+    element of ``y`` at the same position. A zip of two arrays."""
+    raise NotImplementedError("not implemented yet: saxpy_kernel: Build the global index by hand from the block's position, the block size and the thread's position; guard; write.")
 
 
 @cuda.jit
 def broadcast_add_kernel(out, col, row):
-    """``out[i, j] = col[i] + row[j]`` for ``out`` of shape ``(col.size, row.size)``.
+    """The addition table of ``col`` and ``row``: ``out`` has shape
+    ``(col.size, row.size)``, and its entry in row ``i``, column ``j`` is element
+    ``i`` of ``col`` plus element ``j`` of ``row``.
 
     Convention: the grid's *x* dimension runs along the columns ``j`` (the
     fast-moving index in memory, so neighbouring threads touch neighbouring
     addresses) and *y* along the rows ``i``.
     """
-    raise NotImplementedError('not implemented yet: broadcast_add_kernel: a 2-D global index (x along columns), a guard on both dimensions')
+    raise NotImplementedError('not implemented yet: broadcast_add_kernel: A 2-D global index with x along the columns, and a guard on both dimensions.')
 
 
 def relu(x, threads_per_block=256):
     """Host side: copy ``x`` to the device, launch ``relu_kernel``, return a NumPy array."""
-    raise NotImplementedError('not implemented yet: relu: cuda.to_device, cuda.device_array_like, launch with launch_config, copy_to_host')
+    raise NotImplementedError('not implemented yet: relu: Copy the input to the device, allocate the output there, launch with launch_config, and copy the result back.')
 
 
 def saxpy(a, x, y, threads_per_block=256):
     """Host side: ``a * x + y`` computed by ``saxpy_kernel``; returns a NumPy array."""
-    raise NotImplementedError('not implemented yet: saxpy: copy x and y in, allocate out on the device, launch, copy out back')
+    raise NotImplementedError('not implemented yet: saxpy: Copy both inputs in, allocate the output on the device, launch, and copy the output back.')
 
 
 def broadcast_add(col, row, block=(16, 16)):
-    """Host side: the ``(col.size, row.size)`` table ``col[i] + row[j]``.
+    """Host side: the addition table of ``col`` and ``row`` (see ``broadcast_add_kernel``),
+    as a NumPy array of shape ``(col.size, row.size)``.
 
     ``block`` is ``(threads along x, threads along y)``.
     """
-    raise NotImplementedError('not implemented yet: broadcast_add: a 2-D grid that covers the table (x along columns), launch, copy back')
+    raise NotImplementedError('not implemented yet: broadcast_add: A 2-D grid that covers the whole table, x along its columns; launch, then copy the table back.')

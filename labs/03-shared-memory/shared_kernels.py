@@ -40,7 +40,7 @@ def block_sum_kernel(partial, x):
     threads add in the other half's values, then a quarter, ... with a barrier
     between levels. Thread 0 writes the block's result.
     """
-    raise NotImplementedError('not implemented yet: block_sum_kernel: grid-stride sum per thread; a shared array of THREADS floats; halve the active threads each step, syncthreads() between steps')
+    raise NotImplementedError('not implemented yet: block_sum_kernel: Each thread first sums its strided share alone; the block then combines those sums as a tree in shared memory, a barrier per level.')
 
 
 def block_reduce(x, blocks=None):
@@ -48,7 +48,7 @@ def block_reduce(x, blocks=None):
     ``blocks`` blocks make one partial sum each, then a single block adds those up.
     ``blocks`` defaults to one block per ``THREADS`` elements, capped at 1024.
     Return the number that last launch wrote (the grader records the launches)."""
-    raise NotImplementedError('not implemented yet: block_reduce: first pass writes one partial per block; the second pass is one block over the partials')
+    raise NotImplementedError('not implemented yet: block_reduce: Two launches of the kernel: the first leaves one partial per block, the second lets a single block combine them.')
 
 
 # -- 2. Scan ----------------------------------------------------------------------
@@ -63,14 +63,16 @@ def scan_block_kernel(out, block_sums, x):
     work-efficient scan in shared memory: an up-sweep that builds partial sums in
     a tree, then a down-sweep that pushes prefixes back down it.
     """
-    raise NotImplementedError('not implemented yet: scan_block_kernel: each thread loads two elements; up-sweep with doubling offsets; clear the last element (saving the total); down-sweep; a barrier before every level')
+    raise NotImplementedError("not implemented yet: scan_block_kernel: Stage two elements per thread, sweep up, save and clear the root, sweep down; every level reads the last one's writes, so wait first.")
 
 
 @cuda.jit
 def add_offsets_kernel(out, offsets):
-    """``out[i] += offsets[i // SCAN_SPAN]``: give every segment the sum of all
-    the segments before it. The grader launches it with one thread per element."""
-    raise NotImplementedError('not implemented yet: add_offsets_kernel: one thread per element; guard; the segment of element i is i // SCAN_SPAN')
+    """Add to every element of ``out`` the offset of its segment: element ``i``
+    lies in segment ``b`` when ``b * SCAN_SPAN <= i < (b + 1) * SCAN_SPAN``, and
+    ``offsets[b]`` is the sum of all the segments before it. The grader launches
+    it with one thread per element, the grid possibly longer than ``out``."""
+    raise NotImplementedError("not implemented yet: add_offsets_kernel: One thread per element: find which segment the element belongs to and add that segment's offset.")
 
 
 def exclusive_scan(x):
@@ -81,7 +83,7 @@ def exclusive_scan(x):
     smaller: recurse), then add each segment's offset (``add_offsets_kernel``).
     Return what the kernels wrote (the grader records the launches).
     """
-    raise NotImplementedError('not implemented yet: exclusive_scan: scan_block_kernel over ceil(n / SCAN_SPAN) blocks; recurse on block_sums when there is more than one; add_offsets_kernel')
+    raise NotImplementedError('not implemented yet: exclusive_scan: Scan each segment, scan the segment totals by calling yourself when there are several, then shift each segment by its offset.')
 
 
 # -- 3. Tiled matrix multiply -----------------------------------------------------
@@ -98,13 +100,13 @@ def tiled_matmul_kernel(C, A, B):
     element of A and B is read from global memory once per tile of C that needs
     it, not once per element of C.
     """
-    raise NotImplementedError('not implemented yet: tiled_matmul_kernel: two TILE x TILE shared arrays; for each tile along K: load (guarded, else 0), syncthreads, accumulate, syncthreads; guard the write')
+    raise NotImplementedError('not implemented yet: tiled_matmul_kernel: Per step along K each thread stages one element of each tile (zero outside), the block waits, accumulates, then waits again.')
 
 
 def tiled_matmul(A, B):
     """Host side: ``A @ B`` (float32) with ``tiled_matmul_kernel``, one block per tile
     of C; returns the C it wrote as a NumPy array (the grader records the launch)."""
-    raise NotImplementedError('not implemented yet: tiled_matmul: a grid of ceil(cols / TILE) x ceil(rows / TILE) blocks of (TILE, TILE) threads')
+    raise NotImplementedError("not implemented yet: tiled_matmul: One block of TILE by TILE threads per tile of C, with the grid's x running along C's columns.")
 
 
 # -- 4. Histogram -------------------------------------------------------------------
@@ -120,7 +122,7 @@ def histogram_kernel(counts, values):
     atomics there (grid-stride over the values), then add each of the block's
     bins to ``counts`` with one global atomic.
     """
-    raise NotImplementedError('not implemented yet: histogram_kernel: zero MAX_BINS shared bins (strided by thread), syncthreads, atomic.add per value into shared, syncthreads, one atomic.add per bin into counts')
+    raise NotImplementedError("not implemented yet: histogram_kernel: Clear the block's shared bins, wait, count into them atomically, wait, then fold each non-empty bin into the global counts atomically.")
 
 
 def histogram(values, n_bins, blocks=None):
@@ -128,4 +130,4 @@ def histogram(values, n_bins, blocks=None):
     ``histogram_kernel`` (int32 counts): return the counts it wrote (the grader
     records the launch). ``blocks`` defaults to one per ``THREADS`` values,
     capped at 256."""
-    raise NotImplementedError('not implemented yet: histogram: zeroed device counts; launch with THREADS threads per block; copy back')
+    raise NotImplementedError('not implemented yet: histogram: Give the kernel counts that start at zero on the device, launch blocks of THREADS threads, and bring the counts back.')

@@ -51,7 +51,7 @@ def bias_gelu_kernel():
     if _compiled_bias_gelu is None:
         import cupy
 
-        raise NotImplementedError("not implemented yet: bias_gelu_kernel: cupy.ElementwiseKernel(in_params, out_params, operation, name); the operation is C for one element, with CUDA's tanh and the constants written as T(...)")
+        raise NotImplementedError('not implemented yet: bias_gelu_kernel: Declare the inputs, the output and a C body for one element; write every constant in type T so float inputs stay in float.')
     return _compiled_bias_gelu
 
 
@@ -63,7 +63,7 @@ def bias_gelu(x, bias):
     the shape and dtype of ``x`` (``bias`` is cast to ``x.dtype``).
     """
     xp = get_array_module(x)
-    raise NotImplementedError("not implemented yet: bias_gelu: xp is numpy or cupy; keep x's dtype: Python floats as constants (math.sqrt, math.pi), not NumPy float64 scalars")
+    raise NotImplementedError('not implemented yet: bias_gelu: CuPy arrays go to the kernel; NumPy ones get the same formula, with plain Python constants so a float32 input stays float32.')
 
 
 # --- 2. A backend-generic, stable softmax ------------------------------------
@@ -74,7 +74,7 @@ def softmax_rows(x):
     Works on NumPy and CuPy arrays alike (returns the same kind and dtype as
     ``x``) and never overflows: ``x = 1e4`` gives a finite answer.
     """
-    raise NotImplementedError('not implemented yet: softmax_rows: get_array_module(x) gives numpy or cupy; softmax(x) = softmax(x - c) for any c per row, and exp of a number <= 0 cannot overflow')
+    raise NotImplementedError('not implemented yet: softmax_rows: Shifting a row by a constant leaves its softmax unchanged; choose the shift that makes every exponent at most zero.')
 
 
 # --- 3. Overlapping copies with compute --------------------------------------
@@ -111,7 +111,7 @@ def pipelined_apply(f, host_chunks, n_streams=2, gpu=None):
     ``gpu`` is a backend from ``course.streams`` (default: ``streams.backend()``).
     """
     gpu = gpu or streams.backend()
-    raise NotImplementedError("not implemented yet: pipelined_apply: start from serial_apply: which line keeps chunk i+1's copy from starting while chunk i computes? Give the chunks n_streams streams in turn")
+    raise NotImplementedError('not implemented yet: pipelined_apply: Start from serial_apply: find the line that keeps chunk i+1 waiting on chunk i, and hand the chunks to the streams in turn.')
 
 
 # --- 4. Zero-copy exchange ---------------------------------------------------
@@ -121,26 +121,26 @@ def to_torch(array):
     CuPy on the GPU): writing through one is visible through the other."""
     import torch
 
-    raise NotImplementedError('not implemented yet: to_torch: DLPack: torch can wrap any array that has __dlpack__, without a copy')
+    raise NotImplementedError('not implemented yet: to_torch: Use DLPack, the exchange protocol torch can wrap without copying.')
 
 
 def from_torch(tensor):
     """The array sharing memory with ``tensor``: NumPy for a CPU tensor, CuPy for a CUDA one."""
-    raise NotImplementedError('not implemented yet: from_torch: the same protocol the other way (numpy.from_dlpack, cupy.from_dlpack), chosen by tensor.device.type')
+    raise NotImplementedError('not implemented yet: from_torch: The same protocol the other way, choosing NumPy or CuPy by the device the tensor lives on.')
 
 
 def to_numba(array):
     """A ``numba.cuda`` device array sharing memory with the CuPy ``array`` (GPU only)."""
     from numba import cuda
 
-    raise NotImplementedError('not implemented yet: to_numba: numba.cuda wraps anything that exposes __cuda_array_interface__')
+    raise NotImplementedError('not implemented yet: to_numba: numba.cuda can wrap any object that exposes the CUDA array interface.')
 
 
 # --- 5. The roofline -----------------------------------------------------------
 
 def arithmetic_intensity(flops, bytes_moved):
     """Floating-point operations per byte moved to or from device memory."""
-    raise NotImplementedError('not implemented yet: arithmetic_intensity: flop per byte')
+    raise NotImplementedError('not implemented yet: arithmetic_intensity: Work per unit of traffic.')
 
 
 def roofline(flops, bytes_moved, peak_flops, peak_bandwidth):

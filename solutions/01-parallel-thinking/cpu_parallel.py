@@ -17,7 +17,7 @@ def parallel_saxpy(a, x, y):
     """Return ``a * x + y`` for 1-D arrays ``x`` and ``y`` (a *map*: every
     element is independent of every other)."""
     out = np.empty_like(x)
-    # BEGIN SOLUTION: loop over the elements with prange and write out[i]
+    # BEGIN SOLUTION: Every element is independent: split the loop over them between threads.
     for i in prange(x.size):
         out[i] = a * x[i] + y[i]
     # END SOLUTION
@@ -32,7 +32,7 @@ def parallel_sum(x):
     that into one private partial sum per thread, combined at the end. An array
     element used as the accumulator is *not* recognised and races.
     """
-    # BEGIN SOLUTION: accumulate into a local scalar inside a prange loop (numba makes that a reduction)
+    # BEGIN SOLUTION: Keep the running total in a plain local number inside the parallel loop, which numba treats as a reduction.
     total = 0.0
     for i in prange(x.size):
         total += x[i]
@@ -51,7 +51,7 @@ def parallel_histogram(x, n_bins, lo, hi):
     Threads that increment a shared ``counts[b] += 1`` lose updates. Give each
     chunk of the input its own private row of counts, then add the rows up.
     """
-    # BEGIN SOLUTION: one private row of counts per chunk (prange over chunks), then sum the rows
+    # BEGIN SOLUTION: Give each thread a chunk of the input and a private row of counts, then add the rows together.
     n_chunks = numba.get_num_threads()
     chunk = (x.size + n_chunks - 1) // n_chunks
     private = np.zeros((n_chunks, n_bins), dtype=np.int64)
@@ -72,7 +72,7 @@ def parallel_histogram(x, n_bins, lo, hi):
 def amdahl_speedup(serial_fraction, p):
     """Amdahl: speedup on ``p`` workers of a job whose ``serial_fraction`` cannot
     be parallelised, at a fixed problem size."""
-    # BEGIN SOLUTION: on p workers the serial part still takes its share of the time; only the rest is divided by p
+    # BEGIN SOLUTION: On p workers the serial share of the time stays as it is; only the parallel share is divided among them.
     return 1.0 / (serial_fraction + (1.0 - serial_fraction) / np.asarray(p, dtype=float))
     # END SOLUTION
 
@@ -80,7 +80,7 @@ def amdahl_speedup(serial_fraction, p):
 def gustafson_speedup(serial_fraction, p):
     """Gustafson: scaled speedup on ``p`` workers when the parallel part grows
     with ``p`` and ``serial_fraction`` is measured on the parallel run."""
-    # BEGIN SOLUTION: the serial part stays, the parallel part does p times the work in the same time
+    # BEGIN SOLUTION: The serial share stays fixed while the parallel share does p times the work in the same time.
     return serial_fraction + (1.0 - serial_fraction) * np.asarray(p, dtype=float)
     # END SOLUTION
 
@@ -92,7 +92,7 @@ def fit_amdahl(p, t):
     Return ``(f, t1)``: the serial fraction and the fitted one-worker time.
     Hint: the model is a straight line in ``1/p``.
     """
-    # BEGIN SOLUTION: fit t = a + b/p by least squares, then read f and t1 off a and b
+    # BEGIN SOLUTION: Fit a straight line in 1/p by least squares, then read the serial fraction and t1 off its intercept and slope.
     p = np.asarray(p, dtype=float)
     t = np.asarray(t, dtype=float)
     design = np.column_stack([np.ones_like(p), 1.0 / p])

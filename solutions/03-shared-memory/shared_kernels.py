@@ -40,7 +40,7 @@ def block_sum_kernel(partial, x):
     threads add in the other half's values, then a quarter, ... with a barrier
     between levels. Thread 0 writes the block's result.
     """
-    # BEGIN SOLUTION: grid-stride sum per thread; a shared array of THREADS floats; halve the active threads each step, syncthreads() between steps
+    # BEGIN SOLUTION: Each thread first sums its strided share alone; the block then combines those sums as a tree in shared memory, a barrier per level.
     cache = cuda.shared.array(THREADS, dtype=float32)
     tid = cuda.threadIdx.x
     total = float32(0.0)
@@ -67,7 +67,7 @@ def block_reduce(x, blocks=None):
     ``blocks`` blocks make one partial sum each, then a single block adds those up.
     ``blocks`` defaults to one block per ``THREADS`` elements, capped at 1024.
     Return the number that last launch wrote (the grader records the launches)."""
-    # BEGIN SOLUTION: first pass writes one partial per block; the second pass is one block over the partials
+    # BEGIN SOLUTION: Two launches of the kernel: the first leaves one partial per block, the second lets a single block combine them.
     d_x = cuda.to_device(np.ascontiguousarray(x, dtype=np.float32))
     if blocks is None:
         blocks = min(max(1, -(-x.size // THREADS)), 1024)
@@ -91,7 +91,7 @@ def scan_block_kernel(out, block_sums, x):
     work-efficient scan in shared memory: an up-sweep that builds partial sums in
     a tree, then a down-sweep that pushes prefixes back down it.
     """
-    # BEGIN SOLUTION: each thread loads two elements; up-sweep with doubling offsets; clear the last element (saving the total); down-sweep; a barrier before every level
+    # BEGIN SOLUTION: Stage two elements per thread, sweep up, save and clear the root, sweep down; every level reads the last one's writes, so wait first.
     temp = cuda.shared.array(SCAN_SPAN, dtype=int32)
     tid = cuda.threadIdx.x
     base = cuda.blockIdx.x * SCAN_SPAN
@@ -132,9 +132,11 @@ def scan_block_kernel(out, block_sums, x):
 
 @cuda.jit
 def add_offsets_kernel(out, offsets):
-    """``out[i] += offsets[i // SCAN_SPAN]``: give every segment the sum of all
-    the segments before it. The grader launches it with one thread per element."""
-    # BEGIN SOLUTION: one thread per element; guard; the segment of element i is i // SCAN_SPAN
+    """Add to every element of ``out`` the offset of its segment: element ``i``
+    lies in segment ``b`` when ``b * SCAN_SPAN <= i < (b + 1) * SCAN_SPAN``, and
+    ``offsets[b]`` is the sum of all the segments before it. The grader launches
+    it with one thread per element, the grid possibly longer than ``out``."""
+    # BEGIN SOLUTION: One thread per element: find which segment the element belongs to and add that segment's offset.
     i = cuda.grid(1)
     if i < out.size:
         out[i] += offsets[i // SCAN_SPAN]
@@ -149,7 +151,7 @@ def exclusive_scan(x):
     smaller: recurse), then add each segment's offset (``add_offsets_kernel``).
     Return what the kernels wrote (the grader records the launches).
     """
-    # BEGIN SOLUTION: scan_block_kernel over ceil(n / SCAN_SPAN) blocks; recurse on block_sums when there is more than one; add_offsets_kernel
+    # BEGIN SOLUTION: Scan each segment, scan the segment totals by calling yourself when there are several, then shift each segment by its offset.
     x = np.ascontiguousarray(x, dtype=np.int32)
     blocks = max(1, -(-x.size // SCAN_SPAN))
     d_out = cuda.device_array(x.size, dtype=np.int32)
@@ -176,7 +178,7 @@ def tiled_matmul_kernel(C, A, B):
     element of A and B is read from global memory once per tile of C that needs
     it, not once per element of C.
     """
-    # BEGIN SOLUTION: two TILE x TILE shared arrays; for each tile along K: load (guarded, else 0), syncthreads, accumulate, syncthreads; guard the write
+    # BEGIN SOLUTION: Per step along K each thread stages one element of each tile (zero outside), the block waits, accumulates, then waits again.
     sA = cuda.shared.array((TILE, TILE), dtype=float32)
     sB = cuda.shared.array((TILE, TILE), dtype=float32)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
@@ -199,7 +201,7 @@ def tiled_matmul_kernel(C, A, B):
 def tiled_matmul(A, B):
     """Host side: ``A @ B`` (float32) with ``tiled_matmul_kernel``, one block per tile
     of C; returns the C it wrote as a NumPy array (the grader records the launch)."""
-    # BEGIN SOLUTION: a grid of ceil(cols / TILE) x ceil(rows / TILE) blocks of (TILE, TILE) threads
+    # BEGIN SOLUTION: One block of TILE by TILE threads per tile of C, with the grid's x running along C's columns.
     A = np.ascontiguousarray(A, dtype=np.float32)
     B = np.ascontiguousarray(B, dtype=np.float32)
     d_C = cuda.device_array((A.shape[0], B.shape[1]), dtype=np.float32)
@@ -222,7 +224,7 @@ def histogram_kernel(counts, values):
     atomics there (grid-stride over the values), then add each of the block's
     bins to ``counts`` with one global atomic.
     """
-    # BEGIN SOLUTION: zero MAX_BINS shared bins (strided by thread), syncthreads, atomic.add per value into shared, syncthreads, one atomic.add per bin into counts
+    # BEGIN SOLUTION: Clear the block's shared bins, wait, count into them atomically, wait, then fold each non-empty bin into the global counts atomically.
     bins = cuda.shared.array(MAX_BINS, dtype=int32)
     tid = cuda.threadIdx.x
     n_bins = counts.size
@@ -245,7 +247,7 @@ def histogram(values, n_bins, blocks=None):
     ``histogram_kernel`` (int32 counts): return the counts it wrote (the grader
     records the launch). ``blocks`` defaults to one per ``THREADS`` values,
     capped at 256."""
-    # BEGIN SOLUTION: zeroed device counts; launch with THREADS threads per block; copy back
+    # BEGIN SOLUTION: Give the kernel counts that start at zero on the device, launch blocks of THREADS threads, and bring the counts back.
     values = np.ascontiguousarray(values, dtype=np.int32)
     if blocks is None:
         blocks = min(max(1, -(-values.size // THREADS)), 256)

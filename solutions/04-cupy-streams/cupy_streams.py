@@ -51,7 +51,7 @@ def bias_gelu_kernel():
     if _compiled_bias_gelu is None:
         import cupy
 
-        # BEGIN SOLUTION: cupy.ElementwiseKernel(in_params, out_params, operation, name); the operation is C for one element, with CUDA's tanh and the constants written as T(...)
+        # BEGIN SOLUTION: Declare the inputs, the output and a C body for one element; write every constant in type T so float inputs stay in float.
         _compiled_bias_gelu = cupy.ElementwiseKernel(
             "T x, T bias", "T y",
             """
@@ -72,7 +72,7 @@ def bias_gelu(x, bias):
     the shape and dtype of ``x`` (``bias`` is cast to ``x.dtype``).
     """
     xp = get_array_module(x)
-    # BEGIN SOLUTION: xp is numpy or cupy; keep x's dtype: Python floats as constants (math.sqrt, math.pi), not NumPy float64 scalars
+    # BEGIN SOLUTION: CuPy arrays go to the kernel; NumPy ones get the same formula, with plain Python constants so a float32 input stays float32.
     bias = bias.astype(x.dtype, copy=False)
     if xp is not np:
         return bias_gelu_kernel()(x, bias)
@@ -90,7 +90,7 @@ def softmax_rows(x):
     Works on NumPy and CuPy arrays alike (returns the same kind and dtype as
     ``x``) and never overflows: ``x = 1e4`` gives a finite answer.
     """
-    # BEGIN SOLUTION: get_array_module(x) gives numpy or cupy; softmax(x) = softmax(x - c) for any c per row, and exp of a number <= 0 cannot overflow
+    # BEGIN SOLUTION: Shifting a row by a constant leaves its softmax unchanged; choose the shift that makes every exponent at most zero.
     xp = get_array_module(x)
     shifted = x - x.max(axis=-1, keepdims=True)
     e = xp.exp(shifted)
@@ -132,7 +132,7 @@ def pipelined_apply(f, host_chunks, n_streams=2, gpu=None):
     ``gpu`` is a backend from ``course.streams`` (default: ``streams.backend()``).
     """
     gpu = gpu or streams.backend()
-    # BEGIN SOLUTION: start from serial_apply: which line keeps chunk i+1's copy from starting while chunk i computes? Give the chunks n_streams streams in turn
+    # BEGIN SOLUTION: Start from serial_apply: find the line that keeps chunk i+1 waiting on chunk i, and hand the chunks to the streams in turn.
     lanes = [gpu.stream() for _ in range(n_streams)]
     staging, results = [], []
     for i, chunk in enumerate(host_chunks):
@@ -156,14 +156,14 @@ def to_torch(array):
     CuPy on the GPU): writing through one is visible through the other."""
     import torch
 
-    # BEGIN SOLUTION: DLPack: torch can wrap any array that has __dlpack__, without a copy
+    # BEGIN SOLUTION: Use DLPack, the exchange protocol torch can wrap without copying.
     return torch.from_dlpack(array)
     # END SOLUTION
 
 
 def from_torch(tensor):
     """The array sharing memory with ``tensor``: NumPy for a CPU tensor, CuPy for a CUDA one."""
-    # BEGIN SOLUTION: the same protocol the other way (numpy.from_dlpack, cupy.from_dlpack), chosen by tensor.device.type
+    # BEGIN SOLUTION: The same protocol the other way, choosing NumPy or CuPy by the device the tensor lives on.
     if tensor.device.type == "cuda":
         import cupy
 
@@ -176,7 +176,7 @@ def to_numba(array):
     """A ``numba.cuda`` device array sharing memory with the CuPy ``array`` (GPU only)."""
     from numba import cuda
 
-    # BEGIN SOLUTION: numba.cuda wraps anything that exposes __cuda_array_interface__
+    # BEGIN SOLUTION: numba.cuda can wrap any object that exposes the CUDA array interface.
     return cuda.as_cuda_array(array)
     # END SOLUTION
 
@@ -185,7 +185,7 @@ def to_numba(array):
 
 def arithmetic_intensity(flops, bytes_moved):
     """Floating-point operations per byte moved to or from device memory."""
-    # BEGIN SOLUTION: flop per byte
+    # BEGIN SOLUTION: Work per unit of traffic.
     return flops / bytes_moved
     # END SOLUTION
 

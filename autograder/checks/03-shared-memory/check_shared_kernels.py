@@ -230,7 +230,7 @@ def _expect_offsets_added(result, out, offsets):
     _launched(result, "add_offsets_kernel")
     assert (result["out"][out.size:] == INT_POISON).all(), "add_offsets_kernel wrote past the end of out (guard i)"
     expect_array(result["out"][:out.size], oracles.with_offsets(out, offsets, result["span"]),
-                 "add_offsets_kernel out (out[i] + offsets[i // SCAN_SPAN])", exact=True)
+                 "add_offsets_kernel out (each element plus its segment's offset)", exact=True)
 
 
 @pytest.mark.points(2)

@@ -10,7 +10,7 @@ the reference's code.
 - ``GELU_EDGES``: the inputs where a GELU goes wrong: far out on both sides,
   around 0, tiny, and NaN; ``gelu_problem``: what is wrong with a GELU computed
   in float32 or float64, within what rounding allows.
-- ``softmax``: ``exp(x - max) / sum`` along the last axis, in float64.
+- ``softmax``: ``exp(x - logsumexp(x))`` along the last axis, in float64.
 - ``PIPELINE_FUNCTIONS``: what ``f`` of each chunk is, for the pipeline's results;
   ``pipe_bound``: the closed-form serial and pipelined makespans.
 - ``ROOFLINE_CASES``: hand-worked roofline answers.
@@ -67,10 +67,10 @@ GELU_EDGES = (-1e4, -100.0, -20.0, -8.0, -5.0, -3.0, -1.0, -0.5, -1e-3, -1e-20, 
 
 
 def softmax(x):
-    """Softmax along the last axis, in float64, shifted by each row's max so nothing overflows."""
+    """Softmax along the last axis, in float64, as ``exp(x - logsumexp(x))``: ``np.logaddexp``
+    combines the row in log space, so no exponent is ever taken of a large number."""
     x = np.asarray(x, dtype=np.float64)
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
+    return np.exp(x - np.logaddexp.reduce(x, axis=-1, keepdims=True))
 
 
 PIPELINE_FUNCTIONS = {  # the harness's f, by name, applied to one host chunk
