@@ -1,7 +1,7 @@
 """How much of each reference answer a student already receives: token 5-gram overlap.
 
 A solution region (the code between ``# BEGIN SOLUTION`` and ``# END SOLUTION``,
-comments left out) is cut into tokens: names, numbers and operators, so that
+comments left out, and less what its lab's starter gives on purpose) is cut into tokens: names, numbers and operators, so that
 spacing, line breaks and quoting do not matter. Its *share* in a text is the
 fraction of its 5-token windows that also occur somewhere in that text. A
 released file is read whole, strings, comments and a notebook's markdown
@@ -60,31 +60,52 @@ def grams(words: list[str], n: int = N) -> set[tuple[str, ...]]:
     return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
 
 
-def _code_tokens(code: str) -> list[str]:
-    """The region's tokens without its comments (plain tokens when it does not tokenize)."""
+def _code_tokens(code: str, strings: bool = True) -> list[str]:
+    """The code's tokens without its comments (and without its string literals, docstrings
+    included, unless ``strings``); plain tokens when it does not tokenize."""
+    dropped = {tokenize.COMMENT} | (set() if strings else {tokenize.STRING})
     try:
         toks = list(tokenize.generate_tokens(io.StringIO(textwrap.dedent(code)).readline))
     except (tokenize.TokenError, IndentationError, SyntaxError):
         return tokens(code)
-    return tokens(" ".join(t.string for t in toks if t.type != tokenize.COMMENT))
+    return tokens(" ".join(t.string for t in toks if t.type not in dropped))
 
 
 def regions(solutions: Path) -> list[Region]:
-    """Every solution region of ``solutions/`` with at least one 5-gram."""
+    """Every solution region of ``solutions/`` with at least one 5-gram, less the 5-grams its
+    lab's starters give as code on purpose (a baseline to start from, a provided helper, the
+    signatures): those are the assignment, not its answer. Their docstrings and comments are
+    not subtracted, so a docstring that spells out the body still counts against it."""
     found = []
     solutions = Path(solutions)
-    for path in sorted(solutions.rglob("*.py")):
-        lines, start = path.read_text().splitlines(), None
-        for i, line in enumerate(lines):
-            m = BEGIN.match(line)
-            if m:
-                start, hint = i, m["hint"] or ""
-            elif END.match(line) and start is not None:
-                g = grams(_code_tokens("\n".join(lines[start + 1:i])))
-                if g:
-                    found.append(Region(f"{path.relative_to(solutions.parent)}:{start + 1}", hint, frozenset(g)))
-                start = None
+    for lab in sorted(p for p in solutions.iterdir() if p.is_dir()):
+        paths = sorted(lab.rglob("*.py"))
+        given = set().union(set(), *(grams(_code_tokens(_without_regions(p.read_text()), strings=False)) for p in paths))
+        for path in paths:
+            lines, start = path.read_text().splitlines(), None
+            for i, line in enumerate(lines):
+                m = BEGIN.match(line)
+                if m:
+                    start, hint = i, m["hint"] or ""
+                elif END.match(line) and start is not None:
+                    g = grams(_code_tokens("\n".join(lines[start + 1:i]))) - given
+                    if g:
+                        found.append(Region(f"{path.relative_to(solutions.parent)}:{start + 1}", hint, frozenset(g)))
+                    start = None
     return found
+
+
+def _without_regions(source: str) -> str:
+    """A reference with every solution region and its marker lines cut out: what its starter gives."""
+    kept, inside = [], False
+    for line in source.splitlines():
+        if BEGIN.match(line):
+            inside = True
+        elif END.match(line):
+            inside = False
+        elif not inside:
+            kept.append(line)
+    return "\n".join(kept)
 
 
 def released_text(rel: str, data: bytes) -> str:
