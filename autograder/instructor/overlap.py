@@ -154,10 +154,15 @@ def main(argv=None) -> int:
     """``python -m autograder.instructor.overlap [NN ...]``: the table for every region (or those of labs NN)."""
     import sys
 
-    from autograder.instructor.release import contents
+    from autograder.instructor.release import ReleaseError, contents
 
     labs = (argv if argv is not None else sys.argv[1:])
-    found = [s for s in shares(Path("solutions"), contents(Path(".")))
+    try:
+        files = contents(Path("."))
+    except ReleaseError as exc:
+        print(f"overlap: {exc}", file=sys.stderr)
+        return 2
+    found = [s for s in shares(Path("solutions"), files)
              if not labs or any(s.where.startswith(f"solutions/{n}") for n in labs)]
     print(f"{'release':>7} {'1 file':>6} {'hint':>5} {'chars':>5}  region <- the file holding most of it")
     for s in found:
