@@ -225,3 +225,48 @@ def draw_timeline(result, ax, title):
     ax.set_xlabel("ms since the step began (rank 0)")
     ax.set_title(title, fontsize=10)
     ax.grid(axis="x", alpha=0.3)
+
+
+# --- 5. the data-parallel roofline: backward against the gradient all-reduce ----------------------------
+
+def roofline_times(samples_per_rank, width=512, depth=6, repeats=3):
+    """This rank's compute rate and, per batch size, backward's time against the
+    gradient all-reduce's (fastest of ``repeats``, slowest rank), for the float32
+    MLP. Returns ``{"flops_per_s": ..., "parameters": Ψ, "rows": [(samples,
+    backward s, all-reduce s), ...]}``; an MLP sample passes every weight once,
+    so its backward costs 4Ψ FLOPs."""
+    rank = dist.get_rank()
+    model = mlp(width, depth)
+    params = list(model.parameters())
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+
+    def slowest(seconds):
+        elapsed = torch.tensor([seconds])
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        return float(elapsed)
+
+    a, b = torch.randn(width, width), torch.randn(width, width)
+    matmul = []
+    for _ in range(repeats):  # both ranks at once, as during training
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        matmul.append(slowest((time.perf_counter() - start) / 4))
+    rows = []
+    for samples in samples_per_rank:
+        x, y = global_batch(rank, samples, width)
+        backward, allreduce = [], []
+        for _ in range(repeats):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            dist.barrier()
+            start = time.perf_counter()
+            loss.backward()
+            backward.append(slowest(time.perf_counter() - start))
+            model.zero_grad()
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(flat)
+            allreduce.append(slowest(time.perf_counter() - start))
+        rows.append((samples, min(backward), min(allreduce)))
+    return {"flops_per_s": 2 * width**3 / min(matmul), "parameters": flat.numel(), "rows": rows}

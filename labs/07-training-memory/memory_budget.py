@@ -55,7 +55,7 @@ def state_bytes_per_parameter(precision, optimizer):
     master copy of the parameters (ZeRO: 2 + 2 + 12 = 16 bytes for Adam).
     """
     assert precision in PRECISIONS and optimizer in OPTIMIZERS, (precision, optimizer)
-    raise NotImplementedError('not implemented yet: state_bytes_per_parameter: count the float32 buffers the optimizer keeps per parameter (Adam: m and v; momentum: one); in mixed precision the master copy is optimizer state too')
+    raise NotImplementedError('not implemented yet: state_bytes_per_parameter: Count the float32 buffers the optimizer keeps per parameter; in mixed precision the master copy is one of them.')
 
 
 def activation_bytes_per_layer(config):
@@ -87,7 +87,7 @@ def estimate_train_memory(config):
       backward recomputes one block at a time, which holds that block's full
       activations once more: add ``activation_bytes_per_layer`` to the peak.
     """
-    raise NotImplementedError('not implemented yet: estimate_train_memory: the static terms are count_parameters times state_bytes_per_parameter; activations: L blocks (each its full saved tensors, or only its input with checkpointing) plus the terms outside the blocks')
+    raise NotImplementedError("not implemented yet: estimate_train_memory: Model states come from the two functions above; activations are the blocks' saved tensors plus the terms outside them.")
 
 
 def profile_step(model, tokens, targets, optimizer):
@@ -106,4 +106,4 @@ def profile_step(model, tokens, targets, optimizer):
     the time spent in the ops an op calls, so the self times add up to at
     most the wall time.
     """
-    raise NotImplementedError('not implemented yet: profile_step: with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof: time the step; then one dict per event of prof.key_averages(), times / 1e6')
+    raise NotImplementedError('not implemented yet: profile_step: Time the step inside a CPU profiler, then turn each of its averaged events into a plain dict in seconds.')

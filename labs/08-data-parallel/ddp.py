@@ -76,7 +76,7 @@ def broadcast_parameters(module, group=None):
     Rank 0 here is rank 0 *of the group*; ``dist.broadcast`` wants its global
     rank as ``src``: ``dist.get_global_rank(group, 0)`` (0 for the default group).
     """
-    raise NotImplementedError('not implemented yet: broadcast_parameters: for each tensor in list(module.parameters()) + list(module.buffers()), dist.broadcast(tensor.data, src=..., group=group); the same order on every rank')
+    raise NotImplementedError("not implemented yet: broadcast_parameters: Broadcast every parameter, then every buffer, from the group's first rank, in the same order on all ranks.")
 
 
 # --- 2. Naive: one all-reduce per parameter, after backward ---------------------------------
@@ -97,7 +97,7 @@ class NaiveDDP(torch.nn.Module):
     def sync_gradients(self):
         """Replace each ``param.grad`` by its average over the ranks: one
         ``dist.all_reduce`` (sum) per parameter with a gradient, then divide."""
-        raise NotImplementedError('not implemented yet: sync_gradients: dist.get_world_size(self.group); for each parameter whose .grad is not None: dist.all_reduce(p.grad, group=self.group), then p.grad.div_(world)')
+        raise NotImplementedError('not implemented yet: sync_gradients: Sum each existing gradient over the group in place, then scale it down to the average.')
 
 
 # --- 3. Buckets ---------------------------------------------------------------------------
@@ -112,7 +112,7 @@ def bucket_indices(sizes_bytes, bucket_cap_mb):
     Example: sizes ``[400, 100, 300, 100]`` with a cap of 350 bytes give
     ``[[3, 2], [1, 0]]``; with a cap of 1000 bytes, ``[[3, 2, 1, 0]]``.
     """
-    raise NotImplementedError('not implemented yet: bucket_indices: cap = bucket_cap_mb * 2**20; walk i = n-1 down to 0, append i to the current bucket and add its bytes; once those reach cap, close the bucket and start an empty one; after the loop keep the last bucket if it is not empty')
+    raise NotImplementedError('not implemented yet: bucket_indices: Walk from the last parameter to the first, closing a bucket as soon as its bytes reach the cap.')
 
 
 # --- 4. Bucketed, overlapped with backward; 5. no_sync ---------------------------------------
@@ -152,19 +152,38 @@ class BucketedDDP(torch.nn.Module):
 
     def _register_hooks(self):
         """A hook on each parameter: ``self._grad_ready(bucket, param)`` once
-        its gradient has been accumulated into ``param.grad``."""
-        raise NotImplementedError('not implemented yet: _register_hooks: for each bucket number b and each index i in self.buckets[b]: self.params[i].register_post_accumulate_grad_hook(lambda p, b=b: self._grad_ready(b, p)) (b=b binds the current value)')
+        its gradient has been accumulated into ``param.grad``.
+
+        The hook is ``Tensor.register_post_accumulate_grad_hook``; torch calls
+        it with the parameter alone, so each hook must carry its own bucket
+        number. A function made inside a loop looks its free variables up when
+        it runs, not when it is made: without care every hook would see the
+        last bucket's number.
+        """
+        raise NotImplementedError("not implemented yet: _register_hooks: Give every parameter of every bucket a hook that reports that bucket's number, fixed when the hook is made.")
 
     def _grad_ready(self, bucket, param):
         """Called during backward. When the bucket's last gradient is in, start
         its all-reduce (``async_op=True``) and keep the handle; do not wait.
-        Inside ``no_sync()`` do nothing."""
-        raise NotImplementedError("not implemented yet: _grad_ready: return at once unless self.sync; decrement self.pending[bucket]; at 0, flat = self.buffers[bucket], torch.cat(the bucket's grads reshaped to 1-D, out=flat), handle = dist.all_reduce(flat, group=self.group, async_op=True), append (handle, flat, bucket) to self.in_flight")
+        Inside ``no_sync()`` do nothing.
+
+        ``self.pending[bucket]`` counts the bucket's gradients still to come.
+        The bucket's gradients go into ``self.buffers[bucket]`` flattened, one
+        after the other in the bucket's own order, and each all-reduce started
+        is recorded in ``self.in_flight`` as the triple (its handle, the
+        buffer, the bucket number).
+        """
+        raise NotImplementedError("not implemented yet: _grad_ready: Count down the bucket's missing gradients; when none is left, pack them into its buffer and launch its reduction.")
 
     def finish_gradient_synchronization(self):
         """Wait for every bucket's all-reduce, average, and copy the result back
-        into each ``param.grad``; ready the counters for the next backward."""
-        raise NotImplementedError("not implemented yet: finish_gradient_synchronization: for each (handle, flat, bucket) in self.in_flight: handle.wait(); then each param's grad (in bucket order) gets its consecutive slice of flat divided by the world size (torch.div(..., out=grad)); finally self._reset()")
+        into each ``param.grad``; ready the counters for the next backward.
+
+        Each parameter's part of a buffer is the run of ``numel`` elements that
+        ``_grad_ready`` packed for it; write the average into the existing
+        ``param.grad`` tensor, in place, then call ``self._reset()``.
+        """
+        raise NotImplementedError('not implemented yet: finish_gradient_synchronization: Wait for each launched reduction, then hand every gradient its averaged slice of the buffer; reset the counters.')
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -183,7 +202,7 @@ def topk_compress(tensor, k):
     """``(values, indices)``: the ``k`` entries of ``tensor`` largest in absolute
     value, as 1-D tensors; ``indices`` index ``tensor.reshape(-1)`` and
     ``values`` keep their sign (``values == tensor.reshape(-1)[indices]``)."""
-    raise NotImplementedError('not implemented yet: topk_compress: flatten; choose the indices with topk on the magnitudes; return the signed entries there and those indices')
+    raise NotImplementedError('not implemented yet: topk_compress: Rank the flattened entries by magnitude and keep the k largest, signs intact, with their positions.')
 
 
 def topk_decompress(values, indices, shape, dtype=None):
@@ -210,4 +229,4 @@ class ErrorFeedback:
 
     def compress(self, key, grad, k):
         """``(values, indices)`` to send for ``grad``; ``grad`` is not modified."""
-        raise NotImplementedError('not implemented yet: compress: corrected = grad + residual (or a copy of grad the first time); values, indices = topk_compress(corrected, k); the new residual is corrected with those k entries set to 0')
+        raise NotImplementedError('not implemented yet: compress: Fold the stored residual into a copy of the gradient, compress that, and remember what was left behind.')

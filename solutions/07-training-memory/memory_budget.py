@@ -59,7 +59,7 @@ def state_bytes_per_parameter(precision, optimizer):
     master copy of the parameters (ZeRO: 2 + 2 + 12 = 16 bytes for Adam).
     """
     assert precision in PRECISIONS and optimizer in OPTIMIZERS, (precision, optimizer)
-    # BEGIN SOLUTION: count the float32 buffers the optimizer keeps per parameter (Adam: m and v; momentum: one); in mixed precision the master copy is optimizer state too
+    # BEGIN SOLUTION: Count the float32 buffers the optimizer keeps per parameter; in mixed precision the master copy is one of them.
     moments = {"adam": 2, "sgd": 0, "sgd_momentum": 1}[optimizer]
     if precision == "fp32":
         return {"parameters": 4, "gradients": 4, "optimizer_state": 4 * moments}
@@ -102,7 +102,7 @@ def estimate_train_memory(config):
       backward recomputes one block at a time, which holds that block's full
       activations once more: add ``activation_bytes_per_layer`` to the peak.
     """
-    # BEGIN SOLUTION: the static terms are count_parameters times state_bytes_per_parameter; activations: L blocks (each its full saved tensors, or only its input with checkpointing) plus the terms outside the blocks
+    # BEGIN SOLUTION: Model states come from the two functions above; activations are the blocks' saved tensors plus the terms outside them.
     n = count_parameters(config)
     per_param = state_bytes_per_parameter(config["precision"], config["optimizer"])
     s, b, h, V, L = config["seq"], config["batch"], config["hidden"], config["vocab"], config["layers"]
@@ -134,7 +134,7 @@ def profile_step(model, tokens, targets, optimizer):
     the time spent in the ops an op calls, so the self times add up to at
     most the wall time.
     """
-    # BEGIN SOLUTION: with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof: time the step; then one dict per event of prof.key_averages(), times / 1e6
+    # BEGIN SOLUTION: Time the step inside a CPU profiler, then turn each of its averaged events into a plain dict in seconds.
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
         optimizer.zero_grad()
