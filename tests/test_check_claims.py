@@ -273,7 +273,7 @@ CLAIMS = {
         'memory_holds_the_schedules_microbatches': '1F1B holds pp - j microbatches even when there are fewer',
         'memory_of_recompute_strategies': 'selective recomputation frees the scores but keeps their dropout mask and output',
         'tp_communication_is_per_layer': 'TP all-reduces counted once per stage instead of per layer',
-        'dp_allreduce_is_the_ring_closed_form': 'the DP all-reduce always runs over the links inside a node',
+        'dp_allreduce_is_the_ring_closed_form': 'ZeRO-3 gathers the parameters once per step, not for every microbatch',
         'pipeline_time_and_bubble': "the pipeline's bubble ignores the microbatches (stages never overlap)",
         'compute_on_heterogeneous_devices': "a stage computes at its fastest device's speed",
         'cost_model_on_random_plans': "the step adds every stage's gradient all-reduce, as if they ran one after another",

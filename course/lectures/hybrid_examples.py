@@ -11,10 +11,10 @@ Python on one process: the α-β fit, the rank correlation, the exact count of
 what lab 10's layers save, the plans enumerated for the cost model, the Pareto
 front, a plan's time split, and the pictures.
 
-The lab's code is the reference in ``solutions/13-hybrid-parallel`` (``planner``,
-``hybrid``, ``cluster``), or in the student repository (``k2c release``, which has
-no ``solutions/``) the student's own ``labs/13-hybrid-parallel``; importing this
-module puts that folder on ``sys.path`` (for the notebook and for every rank).
+The lab's code (``planner``, ``hybrid``, ``cluster``) is imported from the lab's
+folder; importing this module puts that folder on ``sys.path`` (for the notebook
+and for every rank). In the student repository that is your own
+``labs/13-hybrid-parallel``, so this lecture runs once your lab does.
 """
 import contextlib
 import math
@@ -25,7 +25,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
 import course
 from course.fits import ring_allreduce_fit, spearman  # noqa: F401  (spearman: for the lecture)
@@ -104,16 +103,19 @@ def held_bytes(plan, model):
     ``saved_tensors_hooks`` pack hook), the parameters left out; the others are the sizes of the
     parameters, their ``.grad``, every tensor in ``optimizer.state`` and DDP's flat bucket buffers.
     ``all_reduces`` is what ``course.torch_audit.OpLog`` saw, gradient synchronisation included."""
-    dp, tp, m = plan["dp"], plan["tp"], plan["microbatches"]
-    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
-    dp_rank, tp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("tp")
-    net = hybrid.ParallelGPT(model, mesh.get_group("tp"), plan["recompute"])
-    net.load_shards(hybrid.tp_shards(hybrid.dense_model(model), tp_rank, tp))
-    replica = hybrid.ddp.BucketedDDP(net, group=mesh.get_group("dp"))
+    rows, columns, m = plan["dp"], plan["tp"], plan["microbatches"]
+    row, column = divmod(dist.get_rank(), columns)   # rank = row · tp + column, the mesh's order
+    # every rank creates every group, in one order: first the rows (tp groups), then the columns (dp groups)
+    row_groups = [dist.new_group([r * columns + c for c in range(columns)]) for r in range(rows)]
+    column_groups = [dist.new_group([r * columns + c for r in range(rows)]) for c in range(columns)]
+    dense = hybrid.dense_model(model)
+    net = hybrid.ParallelGPT(model, row_groups[row], plan["recompute"])
+    net.load_shards(hybrid.tp_shards(dense, column, columns))
+    replica = hybrid.ddp.BucketedDDP(net, group=column_groups[column])   # gradients averaged down a column
     optimizer = hybrid.make_optimizer(model, net.parameters())
     tokens, targets = hybrid.make_batches(model)
-    b = model["batch"] // (dp * m)   # one microbatch of this rank's sequences
-    x, y = tokens[0, dp_rank * b:(dp_rank + 1) * b], targets[0, dp_rank * b:(dp_rank + 1) * b]
+    b = model["batch"] // (rows * m)   # one microbatch of this rank's sequences
+    x, y = tokens[0, row * b:(row + 1) * b], targets[0, row * b:(row + 1) * b]
 
     params = list(net.parameters())
     with SavedActivations(exclude=params) as saved:

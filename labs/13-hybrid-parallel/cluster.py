@@ -65,7 +65,7 @@ def rank_from_env(environ):
     nodes, the first task of node 1: ``{"rank": 3, "local_rank": 0,
     "world_size": 5, "node": 1, "nodes": 2, "launcher": "slurm"}``.
     """
-    raise NotImplementedError('not implemented yet: rank_from_env: choose the launcher from which variables are set, then read and sanity-check its five numbers')
+    raise NotImplementedError('not implemented yet: rank_from_env: tell the launcher by which of its variables are set, then check its numbers agree')
 
 
 # --- 2. The batch script ----------------------------------------------------------------
@@ -131,11 +131,11 @@ def make_sbatch(job):
       finds the nodes in SLURM's environment itself.
     """
     spec = validate_job(job)
-    raise NotImplementedError("not implemented yet: make_sbatch: the #SBATCH lines, then the launch: one srun'd torchrun per node (rendezvous at scontrol's first host) or one MPI rank per task")
+    raise NotImplementedError("not implemented yet: make_sbatch: write the directives first, then the launch the docstring gives for the job's kind")
 
 
 def validate_job(job):
     """``job`` (see ``make_sbatch``) with its defaults filled in: a new dict with
     every key that applies to its kind. Raises ``ValueError`` naming the first
     bad key: unknown, missing, of the wrong type or out of range."""
-    raise NotImplementedError("not implemented yet: validate_job: required keys and kind first, then unknown keys, then each value's type and range, with the defaults filled in")
+    raise NotImplementedError('not implemented yet: validate_job: check the keys before the values, filling in each default the docstring gives')

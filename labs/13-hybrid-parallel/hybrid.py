@@ -167,11 +167,11 @@ class ParallelGPT(torch.nn.Module):
         super().__init__()
         self.group, self.recompute = group, list(recompute)
         h, V, s = model["hidden"], model["vocab"], model["seq"]
-        raise NotImplementedError("not implemented yet: __init__: lab 10's vocabulary-parallel embedding and transformer layers on the tp group, with whole position table and final LayerNorm")
+        raise NotImplementedError('not implemented yet: __init__: build the parts item 1 of the module docstring names, from your lab 10 modules')
 
     def forward(self, tokens, targets):
         """Mean cross-entropy over the tokens of ``tokens`` ``[b, s]`` against ``targets`` ``[b, s]``."""
-        raise NotImplementedError('not implemented yet: forward: embed, run the blocks (checkpointing the "full" ones), then the tied head and lab 10\'s vocabulary-parallel loss')
+        raise NotImplementedError("not implemented yet: forward: follow TinyGPT's forward, with lab 10's pieces wherever the vocabulary is split")
 
     def _parameters_of(self):
         """{TinyGPT name: [parameters of this module whose concatenation is its shard]}."""
@@ -205,7 +205,7 @@ class ParallelGPT(torch.nn.Module):
 def check_plan(plan, model, world):
     """Raise ValueError for what ``run_plan`` does not run (see the module docstring)."""
     dp, tp, m, L = plan["dp"], plan["tp"], plan.get("microbatches", 1), model["layers"]
-    raise NotImplementedError('not implemented yet: check_plan: refuse, with the reason, every plan or model run_plan cannot run, before any communication')
+    raise NotImplementedError('not implemented yet: check_plan: refuse each case the module docstring rules out, saying why')
 
 
 def make_optimizer(model, params):
@@ -222,13 +222,13 @@ def run_plan(plan, model):
     dp, tp, m = plan["dp"], plan["tp"], plan.get("microbatches", 1)
     steps, dtype = model.get("steps", 2), DTYPES[model["precision"]]
     recompute = plan.get("recompute", ["none"] * model["layers"])
-    raise NotImplementedError("not implemented yet: run_plan: the mesh and its two groups, the model on the tp group from the dense weights, wrapped in lab 08's DDP on the dp group")
+    raise NotImplementedError("not implemented yet: run_plan: set up the mesh, then this rank's shard of the model, as item 2 of the docstring says")
 
     tokens, targets = make_batches(model)
     per_rank = model["batch"] // dp
     micro = per_rank // m
     losses, times = [], []
-    raise NotImplementedError("not implemented yet: run_plan: each step: this replica's share of the batch in microbatches, gradients accumulated and synchronised once, one optimizer step")
+    raise NotImplementedError("not implemented yet: run_plan: accumulate this replica's microbatches and synchronise the gradients only once a step")
     slowest = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # the same number on every rank
     timed = slowest[1:] if steps > 1 else slowest

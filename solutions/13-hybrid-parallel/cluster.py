@@ -65,7 +65,7 @@ def rank_from_env(environ):
     nodes, the first task of node 1: ``{"rank": 3, "local_rank": 0,
     "world_size": 5, "node": 1, "nodes": 2, "launcher": "slurm"}``.
     """
-    # BEGIN SOLUTION: choose the launcher from which variables are set, then read and sanity-check its five numbers
+    # BEGIN SOLUTION: tell the launcher by which of its variables are set, then check its numbers agree
     # (key in the answer, variable), in the order a missing one is reported
     torchrun_vars = (("rank", "RANK"), ("local_rank", "LOCAL_RANK"), ("world_size", "WORLD_SIZE"),
                      ("node", "GROUP_RANK"), ("nodes", "GROUP_WORLD_SIZE"))
@@ -160,7 +160,7 @@ def make_sbatch(job):
       finds the nodes in SLURM's environment itself.
     """
     spec = validate_job(job)
-    # BEGIN SOLUTION: the #SBATCH lines, then the launch: one srun'd torchrun per node (rendezvous at scontrol's first host) or one MPI rank per task
+    # BEGIN SOLUTION: write the directives first, then the launch the docstring gives for the job's kind
     nodes, kind = spec["nodes"], spec["kind"]
     per_node = 1 if kind == "torch" else spec["tasks_per_node"]
     lines = ["#!/bin/bash",
@@ -212,7 +212,7 @@ def validate_job(job):
     """``job`` (see ``make_sbatch``) with its defaults filled in: a new dict with
     every key that applies to its kind. Raises ``ValueError`` naming the first
     bad key: unknown, missing, of the wrong type or out of range."""
-    # BEGIN SOLUTION: required keys and kind first, then unknown keys, then each value's type and range, with the defaults filled in
+    # BEGIN SOLUTION: check the keys before the values, filling in each default the docstring gives
     if not isinstance(job, dict):
         raise ValueError(f"a job is a dict, got {type(job).__name__}")
     missing = [key for key in REQUIRED if key not in job]

@@ -167,7 +167,7 @@ class ParallelGPT(torch.nn.Module):
         super().__init__()
         self.group, self.recompute = group, list(recompute)
         h, V, s = model["hidden"], model["vocab"], model["seq"]
-        # BEGIN SOLUTION: lab 10's vocabulary-parallel embedding and transformer layers on the tp group, with whole position table and final LayerNorm
+        # BEGIN SOLUTION: build the parts item 1 of the module docstring names, from your lab 10 modules
         self.tok = tensor_parallel.VocabParallelEmbedding(V, h, group=group)
         self.pos = torch.nn.Parameter(torch.zeros(s, h))
         self.blocks = torch.nn.ModuleList(tensor_parallel.ParallelTransformerLayer(h, model["heads"], 4 * h,
@@ -178,7 +178,7 @@ class ParallelGPT(torch.nn.Module):
 
     def forward(self, tokens, targets):
         """Mean cross-entropy over the tokens of ``tokens`` ``[b, s]`` against ``targets`` ``[b, s]``."""
-        # BEGIN SOLUTION: embed, run the blocks (checkpointing the "full" ones), then the tied head and lab 10's vocabulary-parallel loss
+        # BEGIN SOLUTION: follow TinyGPT's forward, with lab 10's pieces wherever the vocabulary is split
         x = self.tok(tokens.t()) + self.pos[:tokens.shape[1], None]  # [s, b, h], whole on every tp rank
         for block, how in zip(self.blocks, self.recompute):
             x = checkpoint(block, x, use_reentrant=False) if how == "full" else block(x)
@@ -219,7 +219,7 @@ class ParallelGPT(torch.nn.Module):
 def check_plan(plan, model, world):
     """Raise ValueError for what ``run_plan`` does not run (see the module docstring)."""
     dp, tp, m, L = plan["dp"], plan["tp"], plan.get("microbatches", 1), model["layers"]
-    # BEGIN SOLUTION: refuse, with the reason, every plan or model run_plan cannot run, before any communication
+    # BEGIN SOLUTION: refuse each case the module docstring rules out, saying why
     if plan.get("pp", 1) != 1:
         raise ValueError(f"run_plan runs pp == 1 only (got pp={plan['pp']}): pipelines are lab 11's executor")
     if plan.get("zero", 0) != 0:
@@ -257,7 +257,7 @@ def run_plan(plan, model):
     dp, tp, m = plan["dp"], plan["tp"], plan.get("microbatches", 1)
     steps, dtype = model.get("steps", 2), DTYPES[model["precision"]]
     recompute = plan.get("recompute", ["none"] * model["layers"])
-    # BEGIN SOLUTION: the mesh and its two groups, the model on the tp group from the dense weights, wrapped in lab 08's DDP on the dp group
+    # BEGIN SOLUTION: set up the mesh, then this rank's shard of the model, as item 2 of the docstring says
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
     dp_group, tp_group = mesh.get_group("dp"), mesh.get_group("tp")
     dp_rank, tp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("tp")
@@ -277,7 +277,7 @@ def run_plan(plan, model):
     per_rank = model["batch"] // dp
     micro = per_rank // m
     losses, times = [], []
-    # BEGIN SOLUTION: each step: this replica's share of the batch in microbatches, gradients accumulated and synchronised once, one optimizer step
+    # BEGIN SOLUTION: accumulate this replica's microbatches and synchronise the gradients only once a step
     for step in range(steps):
         mine = slice(dp_rank * per_rank, (dp_rank + 1) * per_rank)
         x, y = tokens[step, mine], targets[step, mine]

@@ -50,8 +50,11 @@ microbatch, ``X = b·s·h·w`` bytes of one activation, ``w`` = 4 bytes in fp32,
   that minus ``m · max t_j``.
 - **DP** (modules 08-09): after the pipeline, every stage all-reduces its
   gradients (``Ψ_j · w`` bytes, ``Ψ_j`` its parameters per device) over its
-  ``dp`` replicas: a ring all-reduce; ZeRO-3 also gathers the parameters, 1.5
-  times that. The step takes the pipeline plus the slowest stage's all-reduce.
+  ``dp`` replicas: a ring all-reduce, once per step, at ZeRO 0-2. ZeRO-3 keeps
+  no whole weights, so it all-gathers them for every microbatch's forward and
+  again for its backward (each gather half of that all-reduce's time), and
+  reduce-scatters the gradients once a step (the other half): m + 1/2 times the
+  all-reduce. The step takes the pipeline plus the slowest stage's DP time.
 - **Memory** (modules 07 and 09): the parameters, gradients and optimizer state
   of ``Ψ_j`` parameters at the ZeRO stage (``zero_bytes``), plus activations:
   each layer saves ``activation_bytes_per_layer`` of a microbatch ("none"),
@@ -102,7 +105,7 @@ def check_plan(plan, model, cluster):
     ``cluster``: a missing key, dp·tp·pp not the number of devices, tp not dividing
     the heads and the hidden size, microbatches that do not split the batch, stages
     or strategies that do not match the layers, an unknown ZeRO stage or schedule."""
-    # BEGIN SOLUTION: one test per rule of the docstring, each raising ValueError with what it found
+    # BEGIN SOLUTION: test each rule the docstring lists, and say in the error what broke it
     missing = [key for key in PLAN_KEYS if key not in plan]
     if missing:
         raise ValueError(f"the plan has no {', '.join(missing)}")
@@ -136,12 +139,13 @@ def stage_cost(plan, model, cluster, j):
          "parameters": Ψ_j, "memory": peak bytes of each device of the stage}
 
     ``compute``, ``tp_comm`` and ``p2p`` are one microbatch's forward and
-    backward (they add up to ``t_j``); ``dp_comm`` is the stage's gradient
-    all-reduce, once per step. It reads only stage ``j``'s entries of
+    backward (they add up to ``t_j``); ``dp_comm`` is the stage's data-parallel
+    time per step (the gradient all-reduce; at ZeRO-3 also the gathers of every
+    microbatch). It reads only stage ``j``'s entries of
     ``plan["stages"]`` and of ``plan["recompute"]``: a search may try a stage
     alone with the others' layers made up.
     """
-    # BEGIN SOLUTION: the docstring's formulas for one stage, with your lab 07 and 09 functions for its memory
+    # BEGIN SOLUTION: work through the module docstring's formulas for this one stage
     dp, tp, pp, m = plan["dp"], plan["tp"], plan["pp"], plan["microbatches"]
     h, s, V = model["hidden"], model["seq"], model["vocab"]
     b = model["batch"] // (dp * m)
@@ -184,7 +188,8 @@ def stage_cost(plan, model, cluster, j):
     psi = params / tp
     per_param = memory_budget.state_bytes_per_parameter(model["precision"], model["optimizer"])
     dp_link = worst_link([mine[i::tp] for i in range(tp)])
-    dp_comm = (1.5 if plan["zero"] == 3 else 1.0) * ring_allreduce_s(psi * per_param["gradients"], dp, *dp_link)
+    # ZeRO-3: two parameter all-gathers per microbatch (forward, backward), one gradient reduce-scatter per step
+    dp_comm = (m + 0.5 if plan["zero"] == 3 else 1.0) * ring_allreduce_s(psi * per_param["gradients"], dp, *dp_link)
     # memory: zero_bytes counts 2-byte weights and gradients; scale Ψ for 4-byte ones
     scale = per_param["parameters"] / 2
     static = zero.zero_bytes(psi * scale, dp, plan["zero"], k=per_param["optimizer_state"] / scale)
@@ -211,7 +216,7 @@ def cost_model(plan, model, cluster):
     Raises ``ValueError`` for a plan that cannot run (``check_plan``).
     """
     check_plan(plan, model, cluster)
-    # BEGIN SOLUTION: combine the stages with Alpa's pipeline formula and the slowest all-reduce
+    # BEGIN SOLUTION: combine the stages as the module docstring's PP and DP items say
     stages = [stage_cost(plan, model, cluster, j) for j in range(plan["pp"])]
     times = [st["time"] for st in stages]
     m = plan["microbatches"]
@@ -239,7 +244,7 @@ def search(model, cluster, budget):
     the strategies layer by layer as Galvatron does; say in a comment which you
     do and why it finds the best plan.
     """
-    # BEGIN SOLUTION: a stage's cost depends only on its own layers: find each stage's best choice per layer count, then cut the layers with a dynamic program
+    # BEGIN SOLUTION: use that a stage's cost depends only on its own layers to search stage by stage
     # Exact, in three steps:
     # 1. ZeRO 0-2 take the same time and ZeRO-2 the least memory; 1F1B the same
     #    time as GPipe in no more memory: only ZeRO 2 or 3 under 1F1B can be

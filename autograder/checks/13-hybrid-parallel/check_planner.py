@@ -80,6 +80,11 @@ DP_COMM = [(f"dp={dp} zero={z}{' across nodes' if dp * tp > 8 else ''}", plan(dp
             [1] * (16 // (dp * tp)) if 16 // (dp * tp) > 1 else [1], ["none"] * max(1, 16 // (dp * tp)), zero=z),
             gpt(layers=max(1, 16 // (dp * tp)), batch=16), TWO_NODES)
            for dp, tp in ((1, 16), (2, 8), (4, 2), (16, 1)) for z in (0, 3)]
+# ZeRO-3 with gradient accumulation: the weights are gathered again for every microbatch
+DP_COMM += [(f"dp={dp} zero={z} m={m}{' across nodes' if dp * tp > 8 else ''}",
+             plan(dp, tp, 16 // (dp * tp), m, [1] * (16 // (dp * tp)), ["none"] * (16 // (dp * tp)), zero=z),
+             gpt(layers=16 // (dp * tp), batch=32), TWO_NODES)
+            for dp, tp, m in ((4, 2, 4), (16, 1, 2)) for z in (2, 3)]
 PIPELINE = [(f"pipeline pp={pp} m={m} stages={stages}", plan(1, 8 // pp, pp, m, stages, ["none"] * sum(stages)),
              gpt(layers=sum(stages), batch=12), NODE)
             for pp, m, stages in ((1, 1, [5]), (1, 6, [5]), (2, 1, [3, 2]), (2, 3, [1, 4]), (4, 12, [2, 1, 1, 3]),
@@ -197,8 +202,9 @@ def check_tp_communication_is_per_layer(submission):
 
 @pytest.mark.points(1)
 def check_dp_allreduce_is_the_ring_closed_form(submission):
-    """DP: a ring all-reduce of the stage's gradients over dp (1.5× at ZeRO-3), 0 for dp = 1, inter across nodes"""
-    _expect_stage_field(submission, DP_COMM, "dp_comm", "2(dp - 1)(α + β G / dp), 1.5 times that at ZeRO-3")
+    """DP: a ring all-reduce of the gradients over dp (m + 1/2 of them at ZeRO-3), 0 for dp = 1, inter across nodes"""
+    _expect_stage_field(submission, DP_COMM, "dp_comm", "2(dp - 1)(α + β G / dp); at ZeRO-3 m + 1/2 times that: "
+                        "the weights gathered for every microbatch's forward and backward")
 
 
 @pytest.mark.points(2)

@@ -13,9 +13,11 @@ checks compare with a table of their answers for the public cases
 (``expected.json``), and time a searched plan with the student's own
 ``cost_model``.
 """
+import collections
 import itertools
 
 STRATEGIES = ("none", "selective", "full")
+PLAN_FIELDS = ("dp", "tp", "pp", "microbatches", "zero", "schedule", "stages", "recompute")
 
 
 def compositions(total, parts):
@@ -48,23 +50,31 @@ def caps(plan, cluster, budget):
 
 
 def problem_with(plan, model, cluster):
-    """None when ``plan`` is a valid plan for ``model`` on ``cluster``, else what is wrong."""
+    """None when ``plan`` is a valid plan for ``model`` on ``cluster``, else what is wrong.
+
+    The shape is looked up among ``shapes`` (the space, enumerated), the cut is
+    read as its running totals (they climb strictly from above 0 to the layer
+    count), and the strategies as a tally."""
     if not isinstance(plan, dict):
         return f"a plan is a dict, got {plan!r:.120}"
-    keys = ("dp", "tp", "pp", "microbatches", "zero", "schedule", "stages", "recompute")
-    if any(k not in plan for k in keys):
-        return f"the plan has no {', '.join(k for k in keys if k not in plan)}: {plan!r:.200}"
-    dp, tp, pp, m = (plan[k] for k in ("dp", "tp", "pp", "microbatches"))
-    if not all(isinstance(x, int) and x >= 1 for x in (dp, tp, pp, m)):
+    absent = sorted(set(PLAN_FIELDS) - set(plan))
+    if absent:
+        return f"the plan has no {', '.join(absent)}: {plan!r:.200}"
+    mesh = tuple(plan[field] for field in PLAN_FIELDS[:4])
+    if any(type(x) is not int for x in mesh):
         return f"dp, tp, pp and microbatches must be positive integers: {plan!r:.200}"
-    if (dp, tp, pp, m) not in set(shapes(model, sum(node["devices"] for node in cluster["nodes"]))):
-        return f"dp={dp}, tp={tp}, pp={pp}, microbatches={m} is not a shape of the search space"
-    if plan["zero"] not in range(4) or plan["schedule"] not in ("1f1b", "gpipe"):
+    space = set(shapes(model, sum(node["devices"] for node in cluster["nodes"])))
+    if mesh not in space:
+        return "dp={}, tp={}, pp={}, microbatches={} is not a shape of the search space".format(*mesh)
+    if plan["zero"] not in {0, 1, 2, 3} or plan["schedule"] not in {"1f1b", "gpipe"}:
         return f"zero must be 0-3 and schedule '1f1b' or 'gpipe': {plan!r:.200}"
-    stages, recompute = plan["stages"], plan["recompute"]
-    if (not isinstance(stages, list) or len(stages) != pp or sum(stages) != model["layers"]
-            or min(stages) < 1):
-        return f"stages {stages!r} must give each of the {pp} stages at least one of the {model['layers']} layers"
-    if not isinstance(recompute, list) or len(recompute) != model["layers"] or not set(recompute) <= set(STRATEGIES):
-        return f"recompute must name one of {STRATEGIES} per layer: {recompute!r:.200}"
+    cut, layers = plan["stages"], model["layers"]
+    totals = list(itertools.accumulate(cut)) if isinstance(cut, list) else []
+    climbs = all(a < b for a, b in zip([0] + totals, totals))
+    if len(totals) != mesh[2] or not climbs or totals[-1] != layers:
+        return f"stages {cut!r} must give each of the {mesh[2]} stages at least one of the {layers} layers"
+    named = isinstance(plan["recompute"], list) and all(isinstance(k, str) for k in plan["recompute"])
+    tally = collections.Counter(plan["recompute"]) if named else None
+    if tally is None or sum(tally.values()) != layers or any(k not in STRATEGIES for k in tally):
+        return f"recompute must name one of {STRATEGIES} per layer: {plan['recompute']!r:.200}"
     return None

@@ -9,9 +9,10 @@ student's planner to a table of these oracles' answers for their fixed cases
 Written from the formulas in the lab's docstring and the papers, not from the
 student's modules 07 and 09: the parameter count per GPT block (12h² + 13h),
 Korthikanti et al.'s activations per layer, the ZeRO paper's table, the ring
-all-reduce's 2(n - 1)(α + β n / t), Alpa's Σ t + (m - 1) max t. Everything is
-computed rank by rank: a rank's stage, its TP and DP groups and the node of
-every member.
+all-reduce's 2(n - 1)(α + β n / t) (at ZeRO-3, two parameter all-gathers per
+microbatch and one gradient reduce-scatter a step), Alpa's Σ t + (m - 1) max t.
+Everything is computed rank by rank: a rank's stage, its TP and DP groups and
+the node of every member.
 
 ``best_plan`` tries every plan of the search space. Inside a stage the layers
 are alike, so a plan's cost depends only on how many layers of each stage use
@@ -138,7 +139,10 @@ def stage_of(plan, model, cluster, j, counts):
         params += 2 * h + (V * h if pp > 1 else 0)
     psi = params / tp
     weights_b, grads_b, _ = bytes_per_parameter(model["precision"], model["optimizer"])
-    dp_comm = ring(psi * grads_b, dp, link_of(dp_groups)) * (1.5 if plan["zero"] == 3 else 1)
+    # ZeRO-3 gathers the weights for each microbatch's forward and backward (two all-gathers, each half a
+    # ring all-reduce) and reduce-scatters the gradients once a step (the other half)
+    allreduce = ring(psi * grads_b, dp, link_of(dp_groups))
+    dp_comm = allreduce * ((2 * m + 1) / 2) if plan["zero"] == 3 else allreduce
     in_flight = m if plan["schedule"] == "gpipe" else min(m, pp - j)
     kept = (n_none * layer_bytes(model, b) + n_selective * layer_bytes(model, b, "selective")
             + n_full * layer_bytes(model, b, "full"))
