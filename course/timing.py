@@ -36,3 +36,33 @@ def measure(fn: Callable[[], object], repeat: int = 5, warmup: int = 1,
             sync()
         runs.append(time.perf_counter() - start)
     return Timing(statistics.median(runs), min(runs), tuple(runs))
+
+
+def matmul_flops(n: int = 384, reps: int = 5) -> float:
+    """Floating-point operations per second of a float32 ``n × n`` torch matrix product on this
+    process (best of ``reps``): the C of a roofline."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 / best
+
+
+def allreduce_seconds(nbytes: int = 2 ** 22, reps: int = 5) -> float:
+    """Best time of ``reps`` all-reduces of a float32 vector of ``nbytes`` over the default
+    process group, each started together after a barrier: the network's W, as these ranks see it."""
+    import torch
+    import torch.distributed as dist
+
+    x = torch.ones(nbytes // 4)
+    best = float("inf")
+    for _ in range(reps):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(x)
+        best = min(best, time.perf_counter() - start)
+    return best

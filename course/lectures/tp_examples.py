@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from course.timing import allreduce_seconds, matmul_flops  # noqa: F401 (the lecture calls ex.matmul_flops)
 from course.torch_audit import SavedActivations
 
 S, B, H, HEADS, VOCAB = 8, 2, 16, 4, 32   # sequence, batch, hidden, attention heads, vocabulary
@@ -403,33 +404,6 @@ def vocab_checks():
 
 
 # --- all of it, one job per world size ----------------------------------------------------------
-
-def allreduce_seconds(nbytes=2 ** 22, reps=5):
-    """Best time of ``reps`` all-reduces of a float32 vector of ``nbytes`` (the network's W)."""
-    import time
-
-    x = torch.ones(nbytes // 4)
-    best = float("inf")
-    for _ in range(reps):
-        dist.barrier()
-        start = time.perf_counter()
-        dist.all_reduce(x)
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def matmul_flops(n=384, reps=5):
-    """Floating-point operations per second of a float32 ``n × n`` matrix product here (best of ``reps``): C."""
-    import time
-
-    x, w = torch.randn(n, n), torch.randn(n, n)
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        x @ w
-        best = min(best, time.perf_counter() - start)
-    return 2 * n ** 3 / best
-
 
 def experiments():
     """Every demonstration of the lecture for this world size, on this rank."""

@@ -22,6 +22,8 @@ is added to what the rank holds. Collectives are counted by wrapping the
 import torch
 import torch.distributed as dist
 
+from course.timing import allreduce_seconds, matmul_flops  # noqa: F401 (the lecture calls ex.matmul_flops)
+
 COLLECTIVES = ("all_reduce", "broadcast", "reduce_scatter_tensor", "reduce_scatter_single",
                "all_gather_into_tensor", "all_gather_single")
 
@@ -205,33 +207,6 @@ def draw_stages(ax, n=4):
 
 
 # --- the network roofline: this machine's numbers, and ZeRO-3's prefetching -------------------
-
-def allreduce_seconds(nbytes=2 ** 22, reps=5):
-    """Best time of ``reps`` all-reduces of an fp32 vector of ``nbytes`` on this rank's group."""
-    import time
-
-    x = torch.ones(nbytes // 4)
-    best = float("inf")
-    for _ in range(reps):
-        dist.barrier()
-        start = time.perf_counter()
-        dist.all_reduce(x)
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def matmul_flops(n=384, reps=5):
-    """Floating-point operations per second of an fp32 ``n × n`` matrix product on this process (best of ``reps``)."""
-    import time
-
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * n ** 3 / best
-
 
 def zero3_schedule(n_layers, t_compute, t_gather, prefetch):
     """One ZeRO-3 step on two streams, compute and communication, as ``(row, start, duration, label)``
