@@ -223,10 +223,10 @@ def warm_up() -> None:
         return
     from numba import cuda
 
-    def warm(x):
-        i = cuda.grid(1)
-        if i < x.size:
-            x[i] = 0
+    def warm(flags):
+        k = cuda.grid(1)
+        if k < flags.shape[0]:
+            flags[k] = 0
 
     for cc in TARGETS:
         compile_kernel(warm, "void(float32[:])", cc)

@@ -52,7 +52,7 @@ def thread_writes(kernel_name, n_or_shape, block, *inputs):
         grid = (math.ceil(shape[1] / bx), math.ceil(shape[0] / by))
     dtype = inputs[-1].dtype
     d_out = cuda.to_device(poisoned(shape if not isinstance(n_or_shape, int) else n_or_shape, dtype))
-    args = [cuda.to_device(a) if isinstance(a, np.ndarray) else dtype.type(a) for a in inputs]
+    args = [cuda.to_device(a) if isinstance(a, np.ndarray) else np.asarray(a, dtype)[()] for a in inputs]
     try:
         with audit() as log:
             log.name(d_out, "out")
@@ -92,7 +92,7 @@ def relu_1d(x, threads_per_block):
 def saxpy_1d(a, x, y, threads_per_block):
     n = x.size
     return _launch(_kernel("saxpy_kernel"), math.ceil(n / threads_per_block), threads_per_block,
-                   poisoned(n + CANARY, x.dtype), lambda d: d[:n], x.dtype.type(a), x, y)
+                   poisoned(n + CANARY, x.dtype), lambda d: d[:n], np.asarray(a, x.dtype)[()], x, y)
 
 
 def broadcast_add_2d(col, row, block):
@@ -120,11 +120,10 @@ def saxpy_bandwidth(n, repeats=20):
     """GPU tier: effective bandwidth of the student's saxpy kernel and of a
     device-to-device copy of the same array, measured with CUDA events."""
     kernel = _kernel("saxpy_kernel")
-    d_x = cuda.to_device(np.ones(n, np.float32))
-    d_y = cuda.to_device(np.ones(n, np.float32))
-    d_out = cuda.device_array(n, np.float32)
-    threads = 256
-    blocks = math.ceil(n / threads)
+    ones = np.ones(n, np.float32)
+    on_device = {"x": cuda.to_device(ones), "y": cuda.to_device(ones), "result": cuda.device_array(n, np.float32)}
+    block = 256
+    grid = math.ceil(n / block)
 
     def timed(fn):
         fn()
@@ -139,8 +138,8 @@ def saxpy_bandwidth(n, repeats=20):
             times.append(cuda.event_elapsed_time(start, stop) / 1e3)
         return float(np.median(times))
 
-    t_saxpy = timed(lambda: kernel[blocks, threads](d_out, np.float32(2.0), d_x, d_y))
-    t_copy = timed(lambda: d_out.copy_to_device(d_x))
+    t_saxpy = timed(lambda: kernel[grid, block](on_device["result"], np.float32(2.0), on_device["x"], on_device["y"]))
+    t_copy = timed(lambda: on_device["result"].copy_to_device(on_device["x"]))
     name = cuda.get_current_device().name
     return {"saxpy_gbs": 3 * 4 * n / t_saxpy / 1e9, "copy_gbs": 2 * 4 * n / t_copy / 1e9,
             "device": name.decode() if isinstance(name, bytes) else str(name)}
