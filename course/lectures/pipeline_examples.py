@@ -1,8 +1,8 @@
 """What lecture 11 runs: pipeline schedules on paper and for real.
 
-Two halves. The first is plain Python: build a schedule (the order of forward
+Two halves. The first is plain Python: derive a schedule (the order of forward
 and backward ops on every device, the backward split in two for zero-bubble
-schedules), run it on paper by a longest-path computation over its ops, and
+schedules) from a policy by letting a greedy list scheduler run it, run it on paper by a longest-path computation over its ops, and
 cut a model's layers into balanced stages by trying every cut. The second runs on the ranks of
 ``course.dist.run`` (each rank is a new Python process, so it lives in a module,
 not in the notebook): a small executor that sends activations forward and
@@ -27,36 +27,69 @@ import torch.distributed as dist
 # --- 1. schedules ---------------------------------------------------------------------------------
 
 
-def schedule(p, m, kind, v=1):
-    """The ops of ``m`` microbatches on ``p`` devices, one list per device.
+def policy(p, kind, v=1):
+    """A schedule as a rule: the order in which each device takes its forwards
+    and its backwards, and its cap, the most microbatch chunks it may hold
+    (forward run, backward not) before it must run a backward rather than a new
+    forward. The three schedules differ only in these.
 
-    ``gpipe``: all forwards, then all backwards. ``1f1b``: device ``d`` runs
-    ``p - d - 1`` forwards to fill the pipe, then one forward and one backward
-    in turn, then the backwards left. ``interleaved``: Megatron's 1F1B over
-    ``v`` chunks per device (device ``d`` holds stages ``d, d + p, ...``);
-    microbatches go through the chunks in groups of ``p`` (``m % p == 0``).
-    """
-    plan = []
-    for d in range(p):
-        if kind == "gpipe":
-            plan.append([("F", mb, d) for mb in range(m)] + [("B", mb, d) for mb in range(m)])
-            continue
-        if kind == "1f1b":
-            fwd = [("F", mb, d) for mb in range(m)]
-            bwd = [("B", mb, d) for mb in range(m)]
-            warmup = min(p - d - 1, m)
-        elif kind == "interleaved":
-            assert m % p == 0, "the interleaved schedule runs microbatches in groups of p"
-            # The k-th forward of a device: group k // (p v), chunk (k // p) % v.
-            mbs = [(k // (p * v)) * p + k % p for k in range(m * v)]
-            fwd = [("F", mbs[k], ((k // p) % v) * p + d) for k in range(m * v)]
-            bwd = [("B", mbs[k], (v - 1 - (k // p) % v) * p + d) for k in range(m * v)]
-            warmup = min(2 * (p - d - 1) + (v - 1) * p, m * v)
-        else:
-            raise ValueError(f"unknown schedule {kind!r}")
-        steady = list(itertools.chain.from_iterable(zip(fwd[warmup:], bwd)))
-        plan.append(fwd[:warmup] + steady + bwd[len(fwd) - warmup:])
-    return plan
+    ``gpipe``: microbatches in order, no cap. ``1f1b``: the same, capped at
+    ``p - d`` on device ``d``, one microbatch for each device from ``d`` to the
+    last. ``interleaved`` (``v`` chunks, device ``d`` holds stages ``d, d + p,
+    ...``): microbatches in groups of ``p``, a group's forwards through the
+    chunks in order and its backwards in reverse; capped at Megatron-LM's
+    warm-up plus one, ``2 (p - d - 1) + (v - 1) p + 1``.
+    Returns ``(rank, caps)``: sorting a device's ops by ``rank`` gives its order."""
+    def by_group(op):
+        chunk = op[2] // p
+        return op[1] // p, chunk if op[0] == "F" else -chunk, op[1]
+
+    rules = {"gpipe": (None, lambda d: float("inf")),
+             "1f1b": (None, lambda d: p - d),
+             "interleaved": (by_group, lambda d: 2 * (p - d - 1) + (v - 1) * p + 1)}
+    if kind not in rules:
+        raise ValueError(f"no policy named {kind!r}")
+    rank, cap = rules[kind]
+    return rank or (lambda op: op[1]), [cap(d) for d in range(p)]
+
+
+def greedy_schedule(p, m, kind, v=1, cap=None):
+    """The schedule a policy produces when it runs: list scheduling on the
+    simulator's clock (a forward takes 1, a backward 2). Whenever a device is
+    free it runs its next forward, if that forward's input has arrived and the
+    device holds fewer chunks than its cap; else its next backward, if its
+    gradient has arrived; else it waits for whichever comes first. ``cap`` (one
+    number or one per device) replaces the policy's. Returns the op lists the
+    devices ran: a schedule that ``simulate`` can replay under other op times."""
+    rank, caps = policy(p, kind, v)
+    if cap is not None:
+        caps = list(cap) if isinstance(cap, (list, tuple)) else [cap] * p
+    stages = p * v
+    queues = [{kind: sorted(((kind, mb, s) for s in range(d, stages, p) for mb in range(m)), key=rank)
+               for kind in "FB"} for d in range(p)]
+    order, end, free, held, clock = [[] for _ in range(p)], {}, [0] * p, [0] * p, 0
+
+    def arrived(op):
+        return all(end.get(n, clock + 1) <= clock for n in needs(op, stages))
+
+    while any(q["F"] or q["B"] for q in queues):
+        for d, q in enumerate(queues):
+            if free[d] > clock:
+                continue
+            if q["F"] and held[d] < caps[d] and arrived(q["F"][0]):
+                op = q["F"].pop(0)
+            elif q["B"] and arrived(q["B"][0]):
+                op = q["B"].pop(0)
+            else:
+                continue
+            held[d] += 1 if op[0] == "F" else -1
+            end[op] = free[d] = clock + (1 if op[0] == "F" else 2)
+            order[d].append(op)
+        later = [t for t in free if t > clock]
+        if not later and any(q["F"] or q["B"] for q in queues):
+            raise RuntimeError(f"deadlock: every device waits, at its cap {caps} or for an input")
+        clock = min(later, default=clock)
+    return order
 
 
 def needs(op, stages):
@@ -138,7 +171,7 @@ def zero_bubble(p, m, cap=None):
     default p, what 1F1B's first device holds; a list gives one per device) runs
     a waiting W before a new F. Returns the op lists each device ended up running."""
     caps = [p] * p if cap is None else list(cap) if isinstance(cap, (list, tuple)) else [cap] * p
-    base, order = schedule(p, m, "1f1b"), [[] for _ in range(p)]
+    base, order = greedy_schedule(p, m, "1f1b"), [[] for _ in range(p)]
     nxt, waiting, held, free, end = [0] * p, [[] for _ in range(p)], [0] * p, [0] * p, {}
     clock = 0
     while any(nxt[d] < len(base[d]) or waiting[d] for d in range(p)):
@@ -265,21 +298,21 @@ def warm_up_links(p):
         work.wait()
 
 
-def pipeline_vs_single(kinds=("gpipe", "1f1b", "interleaved"), m=8, samples_per_mb=32, width=256, v=2):
-    """On every rank: run each schedule once (one training step's gradients) and
-    compare this rank's gradients with one process running the whole model on
-    the whole batch. Returns per schedule the largest gradient difference, the
-    peak of stored activations and the measured timeline (ms)."""
+def pipeline_vs_single(kinds=(("gpipe", 1), ("1f1b", 1), ("interleaved", 2)), m=8, samples_per_mb=32, width=256):
+    """On every rank: run each schedule of ``kinds`` (pairs of a policy's name and
+    its chunks per device) once, one training step's gradients, and compare this
+    rank's gradients with one process running the whole model on the whole batch.
+    Returns per schedule the largest gradient difference, the peak of stored
+    activations and the measured timeline (ms)."""
     rank, p = dist.get_rank(), dist.get_world_size()
     warm_up_links(p)
     results = {}
-    for kind in kinds:
-        chunks = v if kind == "interleaved" else 1
+    for kind, chunks in kinds:
         stages = p * chunks
         model, single = mlp(stages, width), mlp(stages, width)
         x, y = batch(m * samples_per_mb, width)
         torch.nn.functional.mse_loss(single(x), y).backward()  # the oracle: no pipeline at all
-        ops = schedule(p, m, kind, chunks)[rank]
+        ops = greedy_schedule(p, m, kind, chunks)[rank]
         dist.barrier()
         t0 = time.perf_counter()
         peak, timeline = execute(list(model), ops, x.chunk(m), y.chunk(m), p, stages,
