@@ -122,9 +122,11 @@ def as_json(results: list[LabResult]) -> str:
 
 
 # Gradescope's results.json (its "autograder specifications"): a test's status
-# is "passed" or "failed" only. A skipped check is worth 0 of 0, which
-# Gradescope would show as passed anyway; its output says why it was skipped.
-GRADESCOPE_STATUS = {"passed": "passed", "skipped": "passed", "failed": "failed", "error": "failed", "timeout": "failed"}
+# is "passed" or "failed", and optional: without it Gradescope judges the test by
+# its score against its max_score. A skipped check did not run, so it is neither:
+# it has no status and no score (0 of 0 would read as passed), and its name and
+# output begin "skipped:" with the reason.
+GRADESCOPE_STATUS = {"passed": "passed", "failed": "failed", "error": "failed", "timeout": "failed"}
 # What a performance check measured against a baseline timed in the same run,
 # higher is better: labs 02, 03 and 12 record ``ratio``, lab 04 ``speedup``.
 LEADERBOARD_METRICS = ("ratio", "speedup")
@@ -160,11 +162,14 @@ def gradescope(results: list[LabResult]) -> str:
             output = f"[{c.status}] {c.feedback}".strip()
             if c.metrics:
                 output += "\nmeasured: " + _metrics(c.metrics)
-            tests.append({"name": f"{r.lab}: {c.title}" if len(results) > 1 else c.title,
-                          "number": f"{_lab_number(r, position)}.{i}",
-                          "score": c.points, "max_score": 0 if c.status == "skipped" else c.max_points,
-                          "status": GRADESCOPE_STATUS[c.status], "output": output,
-                          "tags": [r.lab, c.status], "visibility": "visible"})
+            name = f"{r.lab}: {c.title}" if len(results) > 1 else c.title
+            test = {"name": name, "number": f"{_lab_number(r, position)}.{i}", "output": output,
+                    "tags": [r.lab, c.status], "visibility": "visible"}
+            if c.status == "skipped":
+                test.update(name=f"skipped: {name}", output=f"skipped: {c.feedback}".strip())
+            else:
+                test.update(score=c.points, max_score=c.max_points, status=GRADESCOPE_STATUS[c.status])
+            tests.append(test)
     flagged = [(r, f) for r in results for f in r.flags]
     if flagged:  # for the instructor only: Gradescope never shows a hidden test to the student
         tests.append({"name": "Flags for the instructor (not part of the score)", "score": 0, "max_score": 0,
