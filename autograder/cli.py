@@ -171,6 +171,15 @@ def cmd_doctor(args) -> int:
     return EXIT_OK if healthy else 1
 
 
+def cmd_selftest(args) -> int:
+    from autograder import selftest
+    from autograder.grading.labs import all_labs, find_lab
+
+    labs = all_labs() if args.lab == "all" else [find_lab(args.lab)]
+    print(f"running what grading {'every lab' if args.lab == 'all' else labs[0].slug} needs:")
+    return EXIT_OK if selftest.run(labs) else EXIT_USAGE
+
+
 def cmd_gradescope(args) -> int:
     from autograder.instructor.gradescope import build
     from autograder.grading.labs import UsageError, find_lab
@@ -250,6 +259,10 @@ def parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("doctor", help="what this machine offers, and what to install")
     d.set_defaults(run=cmd_doctor)
+
+    t = sub.add_parser("selftest", help="run the stack grading needs (sandbox, MPI, gloo, GPU compilers) once, for real")
+    t.add_argument("lab", nargs="?", default="all", help="only what this lab needs (default: every lab)")
+    t.set_defaults(run=cmd_selftest)
 
     z = sub.add_parser("gradescope", help="build the Gradescope autograder zip of one lab")
     z.add_argument("lab", help="lab number (06) or slug (06-collectives)")

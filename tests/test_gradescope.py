@@ -47,17 +47,22 @@ SYNTHETIC = [
 def test_results_json_follows_gradescopes_specification():
     gs = json.loads(report.gradescope([_lab("cpu", SYNTHETIC)]))
     assert {"score", "execution_time", "output", "visibility", "stdout_visibility", "extra_data", "tests"} <= gs.keys()
-    assert gs["score"] == 6 == sum(t["score"] for t in gs["tests"])
+    assert gs["score"] == 6 == sum(t.get("score", 0) for t in gs["tests"])
     assert gs["execution_time"] == 12.3 and "CPU tier" in gs["output"]
     assert gs["extra_data"]["checks_sha256"] == {"02-cuda-model": "ab" * 32}
+    ran, (skipped,) = gs["tests"][:-1], gs["tests"][-1:]
     for test in gs["tests"]:
-        assert TEST_FIELDS <= test.keys() and test["status"] in ("passed", "failed")
         assert test["visibility"] == "visible" and "02-cuda-model" in test["tags"]
+    for test in ran:
+        assert TEST_FIELDS <= test.keys() and test["status"] in ("passed", "failed")
     assert [t["number"] for t in gs["tests"]] == [f"2.{i}" for i in range(1, 7)]
-    by_name = {t["name"].split()[0]: t for t in gs["tests"]}
+    by_name = {t["name"].split()[0]: t for t in ran}
     assert by_name["relu_guard"]["status"] == "failed" and "expected 0" in by_name["relu_guard"]["output"]
-    skipped = by_name["zero_copy_on_device"]
-    assert skipped["max_score"] == 0 and skipped["score"] == 0 and "needs a CUDA GPU" in skipped["output"]
+    # A skipped check did not run: neither passed nor failed. Without a status and a score
+    # Gradescope shows it as neither, and its name and output say it was skipped and why.
+    assert not {"status", "score", "max_score"} & skipped.keys()
+    assert skipped["name"] == "skipped: zero_copy_on_device does its job"
+    assert skipped["output"] == "skipped: needs a CUDA GPU (GPU tier); this run is CPU tier"
     assert "skipped" in skipped["tags"]
     assert "measured: device H200, ratio 0.91" in by_name["saxpy_bandwidth"]["output"]
     assert "leaderboard" not in gs  # the CPU tier measures no speed
@@ -273,13 +278,13 @@ def test_the_autograder_grades_on_an_emulated_gradescope(tmp_path, our_processes
         assert done.returncode == 0, done.stdout + done.stderr
         results = json.loads((root / "results" / "results.json").read_text())
         assert results["extra_data"]["checks_sha256"] == {"06-collectives": digest}
-        assert all(TEST_FIELDS <= t.keys() for t in results["tests"])
-        scores[name] = (results["score"], sum(t["max_score"] for t in results["tests"]))
+        assert all(TEST_FIELDS <= t.keys() for t in results["tests"] if not t["name"].startswith("skipped: "))
+        scores[name] = (results["score"], sum(t.get("max_score", 0) for t in results["tests"]))
         if name == "hostile":  # the grader's own report, still, after the forger's child had time to write
             time.sleep(1)
             results = json.loads((root / "results" / "results.json").read_text())
             assert results["output"].startswith("Graded on the CPU tier") and results["tests"]
-            assert all(t["score"] == 0 and t["status"] == "failed" for t in results["tests"])
+            assert all(t.get("score", 0) == 0 and t.get("status", "failed") == "failed" for t in results["tests"])
     assert scores["reference"][0] == scores["reference"][1] > 0, scores
     assert scores["starter"][0] == 0 and scores["hostile"][0] == 0, scores
 
@@ -305,6 +310,14 @@ def test_the_autograder_grades_on_an_emulated_gradescope(tmp_path, our_processes
     for secret in (grader / "checks" / "06-collectives" / "check_collectives.py", grader / "instructor" / "release.py",
                    next((root / "source").glob("k2c-*.whl"))):
         assert not _readable_by_nobody(secret), secret
+
+    # An image whose MPI launcher went missing fails its build, saying why (setup.sh's self-test).
+    (tmp_path / "venv" / "bin" / "mpiexec").unlink()
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if not os.path.exists(f"{p}/mpiexec"))
+    broken = _run("setup.sh", root, env, 600)
+    assert broken.returncode != 0, broken.stdout + broken.stderr
+    assert "✗ MPI: no mpiexec in this environment" in broken.stdout, broken.stdout
+    assert "cannot grade lab 06-collectives" in broken.stderr, broken.stderr
     assert our_processes() == []
 
 
@@ -321,3 +334,40 @@ def _readable_by_nobody(path) -> bool:
         except BaseException:  # noqa: BLE001 - any failure to open: not readable
             os._exit(1)
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+def _venv_without_mpiexec(tmp_path):
+    """An environment of this one's packages (a .pth onto its site-packages) whose bin/ has
+    no mpiexec: what a Gradescope image is when mpich's launcher did not install."""
+    import sysconfig
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    inner = next((venv / "lib").glob("python3*/site-packages"))
+    (inner / "k2c-parent.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
+                           if not (os.path.exists(os.path.join(p, "mpiexec"))))
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME")}
+    env.update(PATH=path, PYTHONPATH=str(REPO))
+    return venv / "bin" / "python", env
+
+
+def test_an_image_without_mpi_fails_its_self_test_and_never_grades_a_student(tmp_path):
+    """setup.sh's self-test runs the stack (here: the sandbox, then 2 MPI ranks), so an image
+    without mpiexec fails to build with the reason; and a run there reports that it could
+    not grade (exit 2, no score), not the student's 1/25."""
+    python, env = _venv_without_mpiexec(tmp_path)
+    selftest = subprocess.run([str(python), "-m", "autograder.cli", "selftest", "06"], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)
+    assert selftest.returncode == 2, selftest.stdout + selftest.stderr
+    assert "✓ sandbox" in selftest.stdout and "✗ MPI: no mpiexec in this environment" in selftest.stdout, selftest.stdout
+
+    results = tmp_path / "results.json"
+    graded = subprocess.run([str(python), "-m", "autograder.cli", "grade", "06", "--submission",
+                             str(REPO / "solutions"), "--format", "gradescope", "-o", str(results)],
+                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert graded.returncode == 2, graded.stdout + graded.stderr
+    report = json.loads(results.read_text())
+    assert report["score"] == 0 and report["tests"] == []
+    assert report["output"].startswith("The autograder could not run: this machine cannot grade lab 06-collectives")
+    assert "no mpiexec" in report["output"]

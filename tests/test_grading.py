@@ -188,6 +188,39 @@ def test_syntax_error_is_reported_per_check(tmp_path):
     assert all("SyntaxError" in t["feedback"] and "cuda_basics.py, line 1" in t["feedback"] for t in report["tests"])
 
 
+@pytest.mark.slow
+def test_a_submission_that_does_not_import_is_graded_in_the_time_of_one_call(tmp_path):
+    """A syntax error costs one sandboxed import, not a failed MPI job per case: the whole lab
+    is graded within twice the time of grading one check of the reference, every check says
+    the same one line with the line number, and the gradebook's message is that line."""
+    import time
+
+    from autograder.instructor.gradebook import _summary
+
+    source = (REPO / "solutions/06-collectives/collectives.py").read_text().splitlines(keepends=True)
+    line = next(i for i, text in enumerate(source) if text.startswith("def ")) + 1
+    source[line - 1] = source[line - 1].rstrip().removesuffix(":") + "\n"  # a def without its colon
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "collectives.py").write_text("".join(source))
+    first = k2c("grade", "06", "--list", "--format", "json")
+    one_check = json.loads(first.stdout)["06-collectives"][0]["name"]
+
+    started = time.monotonic()
+    grade_json(REPO / "solutions", "06", "-k", one_check)
+    one_call = time.monotonic() - started
+    started = time.monotonic()
+    report, _ = grade_json(tmp_path / "broken", "06")
+    broken = time.monotonic() - started
+
+    assert report["score"] == 0 and len(report["tests"]) > 1
+    reasons = {t["feedback"] for t in report["tests"] if t["status"] != "skipped"}
+    assert len(reasons) == 1, reasons
+    reason = reasons.pop()
+    assert "\n" not in reason and "collectives.py does not import" in reason and f"line {line}" in reason, reason
+    assert _summary(report) == reason
+    assert broken < 2 * one_call, f"{broken:.1f} s for the broken lab, {one_call:.1f} s for one check"
+
+
 @pytest.mark.parametrize("outcome, kind, status, text", [
     ({"status": "not_implemented", "message": "ring: send to the right"}, "NotImplementedYet", "not_implemented",
      "not implemented yet: ring: send to the right"),

@@ -27,6 +27,59 @@ class NoCheckSelected(UsageError):
     """``-k`` picks none of the lab's checks."""
 
 
+class IncompleteEnvironment(UsageError):
+    """What grading a lab needs is missing from this machine (a package, ``mpiexec``):
+    the run reports that it could not grade, never a score the student did not earn."""
+
+
+def _name(text: str) -> str:
+    import re
+
+    return re.sub(r"[-_.]+", "-", text).lower()
+
+
+def for_this_platform(dist: str) -> bool:
+    """Whether this install of k2c asks for ``dist`` here: False for a requirement whose
+    environment marker excludes this machine (the GPU compiler wheels off Linux)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    try:
+        declared = {_name(r.name): r for r in map(Requirement, metadata.requires("k2c") or ())}
+    except metadata.PackageNotFoundError:
+        return True
+    wanted = declared.get(_name(dist))
+    return wanted is None or wanted.marker is None or wanted.marker.evaluate({"extra": ""})
+
+
+def missing_stack(lab: Lab) -> str:
+    """Why this environment cannot grade ``lab`` ("" when it can): a distribution of its
+    ``requires`` that k2c asks for on this platform but is not installed, or MPI's
+    launcher. Cheap: versions and paths, nothing run (``k2c selftest`` runs the stack)."""
+    from importlib import metadata
+
+    lacking = []
+    for dist in lab.requires or ():
+        if not for_this_platform(dist):
+            continue  # its checks skip with the reason
+        try:
+            metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            lacking.append(dist)
+    if lacking:
+        return (f"lab {lab.slug} needs {', '.join(lacking)}, which this environment lacks: "
+                f"pip install {' '.join(lacking)} (see `k2c doctor`)")
+    if "mpich" in (lab.requires or ()):
+        from course import mpi
+
+        try:
+            mpi.mpiexec()
+        except FileNotFoundError as exc:
+            return str(exc)
+    return ""
+
+
 class LabStatus(str, enum.Enum):
     """What grading one lab of a submission came to: ``LabResult.status``, the
     ``status`` of every report, and the same words in ``k2c grade-class``'s rows
@@ -221,14 +274,19 @@ def _grade_folder(lab, folder, graded, missing, tier, timeout_s, select, on_resu
         layer = isolation.detect()
     except RuntimeError as exc:
         raise UsageError(str(exc)) from None
+    lacking = missing_stack(lab)
+    if lacking:
+        raise IncompleteEnvironment(f"this machine cannot grade lab {lab.slug}: {lacking}")
     limits = Limits(timeout_s=timeout_s or lab.timeout_s, memory_mb=lab.memory_mb,
                     address_space=(tier == "cpu"), devices=(tier == "gpu"))
     submission = Submission(graded, lab.checks_dir / "harness.py", tier, limits, child_environment(tier, lab),
                             sandbox_for)
-    plugin = GradingPlugin(submission, tier, missing, on_result)
     args = _pytest_args(lab, select)
     log = io.StringIO()
     try:
+        if not missing:  # a file that does not import fails every check with the same one line
+            missing = submission.import_failure([Path(f).stem for f in lab.files if f.endswith(".py")]) or None
+        plugin = GradingPlugin(submission, tier, missing, on_result)
         with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
             code = pytest.main(args, plugins=[plugin])
     finally:

@@ -147,6 +147,24 @@ class Submission:
         """``harness(func, *args)``, once per grading run for ``key`` (see ``once``)."""
         return self.once(key, lambda: self.harness(func, *args))
 
+    def import_failure(self, modules) -> str:
+        """Why one of ``modules`` (the lab's files) does not import, in one line with
+        the line number ("" when they all do): one sandboxed call each, before any check,
+        so that a syntax error costs one call instead of a failed job per case."""
+        for module in modules:
+            try:
+                self._run({"kind": "import", "module": module}, [], {})
+            except SubmissionError as exc:
+                outcome = exc.outcome
+                if outcome.status == "raised":
+                    why = f"{outcome.error_type}: {outcome.message.strip().splitlines()[0] if outcome.message.strip() else ''}"
+                    if outcome.where:  # where in the student's file (a SyntaxError names its line itself)
+                        why += f" (at {outcome.where[-1].split(' in ')[0]})"
+                else:
+                    why = str(exc).splitlines()[0]
+                return f"{module}.py does not import, so no check could run it: {why}"
+        return ""
+
     def call(self, dotted_name: str, *args, **kwargs):
         module, func = dotted_name.rsplit(".", 1)
         return self._run({"kind": "module", "module": module, "func": func}, args, kwargs)

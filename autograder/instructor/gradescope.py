@@ -115,7 +115,9 @@ def course_modules(lab: Lab, repo: Path = REPO) -> list[str]:
     """The course modules grading ``lab`` imports, directly or through one another
     (``course/__init__.py`` always: importing any of them runs it)."""
     course = repo / "course"
-    files = grader_sources() + sorted(lab.checks_dir.glob("*.py")) + lab_sources(lab, repo)
+    # Not selftest.py: it probes only what the lab requires, through the modules the lab's own files import.
+    files = [p for p in grader_sources() if p.name != "selftest.py"] + sorted(lab.checks_dir.glob("*.py")) \
+        + lab_sources(lab, repo)
     wanted, queue = {"__init__"}, [course / "__init__.py"] + files
     while queue:
         for module in imported_modules(queue.pop()):
@@ -198,7 +200,13 @@ fi
 @HIDE@
 
 # Fail the image build, not the first student's submission, when something is
-# missing: an empty submission must grade (to zero) with every check collected.
+# missing: the stack this lab's checks run must run here (the sandbox with one call
+# through it, 2 MPI ranks, 2 gloo processes, a compile for sm_90: what the lab needs),
+# and an empty submission must grade (to zero) with every check collected.
+if ! "$venv/bin/k2c" selftest @SLUG@; then
+  echo "setup.sh: this image cannot grade lab @SLUG@: see the ✗ lines above" >&2
+  exit 1
+fi
 empty="$(mktemp -d)"
 "$venv/bin/k2c" grade @SLUG@ --submission "$empty" --format json -o "$empty/report.json" >/dev/null
 rm -rf "$empty"
