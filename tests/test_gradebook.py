@@ -108,6 +108,20 @@ def test_a_class_gets_a_row_per_student_and_resume_grades_only_what_changed(tmp_
     assert float(resumed["bob"]["score"]) == score("alice")
     assert {n: resumed[n] for n in resumed if n != "bob"} == {n: rows[n] for n in rows if n != "bob"}
 
+    # --resume grades again a row graded under a weaker layer than this machine gives now
+    # (bubblewrap installed since): dave's, as if graded without it.
+    if isolation.detect().layer is isolation.Layer.BUBBLEWRAP:
+        data = json.loads(gradebook.with_suffix(".json").read_text())
+        for row in data["rows"]:
+            if row["student"] == "dave":
+                row["report"]["isolation"]["layer"] = "subreaper"
+        gradebook.with_suffix(".json").write_text(json.dumps(data))
+        third = k2c("grade-class", "06", tmp_path / "class", "-o", gradebook, "--jobs", "2", "-k", SELECT, "--resume")
+        assert third.returncode == 0, third.stderr
+        assert "1 graded under a weaker isolation layer than this machine gives now, so graded again: dave" in third.stderr, third.stderr
+        assert "1 to grade, 3 kept from" in third.stderr, third.stderr
+        assert _rows(gradebook)["dave"]["isolation"] == "bubblewrap"
+
 
 def test_a_grading_that_cannot_run_gets_a_crashed_row(tmp_path):
     row = grade_one("zoe", tmp_path, "0" * 64, Settings("no-such-lab", "cpu"), tmp_path)

@@ -253,6 +253,24 @@ def load_previous(json_path: Path, settings: Settings, checks_sha256: str) -> di
     return {r["student"]: Row.from_dict(r) for r in data.get("rows", [])}
 
 
+def _weaker_isolation(previous: dict[str, Row]) -> set[str]:
+    """The students whose kept row was graded under a weaker isolation layer than this
+    machine gives now (bubblewrap installed since): their code ran where it could read
+    more, so ``--resume`` grades them again."""
+    from autograder.sandbox import isolation
+
+    try:
+        now = isolation.detect().layer
+    except RuntimeError:
+        return set()
+    stale = set()
+    for student, row in previous.items():
+        layer = (row.report or {}).get("isolation", {}).get("layer")
+        if layer in {l.value for l in isolation.Layer} and isolation.Layer(layer).weaker_than(now):
+            stale.add(student)
+    return stale
+
+
 def write(output: Path, rows: list[Row], settings: Settings, checks_sha256: str) -> None:
     from autograder.grading.report import write_results
 
@@ -349,6 +367,7 @@ def grade_class(lab: Lab, folder: Path, output: Path, settings: Settings, jobs: 
     entries = find_submissions(folder)
     checks_sha256 = lab.checks_digest()
     previous = load_previous(paths(output)[1], settings, checks_sha256) if resume else {}
+    stale = _weaker_isolation(previous)
     # Scratch beside the gradebook: with --slurm the tasks, perhaps on other nodes, read and write it.
     output.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{output.stem}-work-", dir=output.parent))
@@ -358,13 +377,18 @@ def grade_class(lab: Lab, folder: Path, output: Path, settings: Settings, jobs: 
         for entry in entries:
             graded_folder, row, sha = prepare(entry, scratch)
             if row is None and entry.student in previous and previous[entry.student].digest == sha \
-                    and previous[entry.student].status is RowStatus.GRADED:  # crashes and timeouts: again
+                    and previous[entry.student].status is RowStatus.GRADED \
+                    and entry.student not in stale:  # crashes, timeouts and weaker isolation: again
                 row = previous[entry.student]
             if row is not None:
                 rows[entry.student] = row
             else:
                 todo.append((entry.student, graded_folder, sha))
         resumed = sum(row is previous.get(student) for student, row in rows.items())
+        if stale:
+            names = ", ".join(sorted(stale)[:5]) + (", …" if len(stale) > 5 else "")
+            sys.stderr.write(f"{len(stale)} graded under a weaker isolation layer than this machine gives now, "
+                             f"so graded again: {names}\n")
         unfit = len(rows) - resumed
         sys.stderr.write(f"grading {lab.slug}: {len(entries)} submissions, {len(todo)} to grade"
                          + (f", {resumed} kept from {paths(output)[1]}" if resumed else "")

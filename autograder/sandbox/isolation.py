@@ -59,8 +59,13 @@ MASKED = ("/usr/local", "/usr/src", "/usr/share/k2c")
 
 
 class Layer(str, enum.Enum):
+    """The isolation layers, strongest first."""
     BUBBLEWRAP = "bubblewrap"
     SUBREAPER = "subreaper"
+
+    def weaker_than(self, other: "Layer") -> bool:
+        order = list(Layer)
+        return order.index(self) > order.index(other)
 
 
 @dataclass(frozen=True)
