@@ -57,3 +57,23 @@ def test_drift_is_detected_and_repaired(tmp_path):
     assert sorted(differences(solutions, labs)) == ["differs: labs/01-x/m.py", "not in solutions/: labs/01-x/stale.py"]
     sync(solutions, labs)
     assert differences(solutions, labs) == []
+
+
+def test_no_committed_notebook_keeps_outputs():
+    """Notebooks in the repository hold no outputs or execution counts: nothing of the
+    machine that last ran them (its paths, its timings) reaches students or the site."""
+    import json
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files", "*.ipynb"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert len(tracked) >= 13 + 13  # the lectures and every lab's handout, twice (labs/, solutions/)
+    kept = {}
+    for name in tracked:
+        cells = [c for c in json.loads((REPO / name).read_text())["cells"] if c["cell_type"] == "code"]
+        outputs = sum(bool(c.get("outputs")) for c in cells)
+        counts = sum(c.get("execution_count") is not None for c in cells)
+        if outputs or counts:
+            kept[name] = f"{outputs} cells with outputs, {counts} with execution counts"
+    assert not kept, ("clear them (Jupyter: Edit > Clear Outputs of All Cells; or "
+                      f"jupyter nbconvert --clear-output --inplace FILE): {kept}")
