@@ -54,3 +54,32 @@ def test_environment_yml_agrees_with_pyproject():
                     conda_side[name] = spec
     assert conda_side == pip_side
     assert "conda-forge" in env["channels"]
+
+
+# pip evaluates environment markers against the machine it runs on, whatever --platform
+# says, so from Linux it would still ask for the Linux-only compilers (and torch's CUDA
+# libraries) for a Mac. uv resolves for a target platform, markers included; with
+# --only-binary :all: every one of its pins must have a macOS wheel.
+@pytest.mark.slow
+def test_the_course_resolves_on_macos_from_wheels_alone(tmp_path):
+    import os
+    import shutil
+    import subprocess
+
+    uv = shutil.which("uv") or shutil.which("uv", path=os.path.dirname(__import__("sys").executable))
+    if uv is None:
+        if os.environ.get("CI"):
+            pytest.fail("uv is not installed: it comes with the dev extra (pip install -e '.[dev]')")
+        pytest.skip("uv is not installed (pip install -e '.[dev]')")
+    lock = tmp_path / "macos.txt"
+    done = subprocess.run([uv, "pip", "compile", str(REPO / "pyproject.toml"), "--python-platform",
+                           "aarch64-apple-darwin", "--python-version", "3.12", "--only-binary", ":all:",
+                           "--no-header", "--quiet", "-o", str(lock)],
+                          env=dict(os.environ, MACOSX_DEPLOYMENT_TARGET="14.0"),  # torch 2.13's arm64 wheel
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    pins = dict(line.split("==", 1) for line in lock.read_text().splitlines() if "==" in line
+                and not line.lstrip().startswith("#"))
+    assert {"torch", "numba", "mpich", "mpi4py", "numpy", "pytest"} <= pins.keys(), sorted(pins)
+    assert pins["torch"] == "2.13.0"
+    assert not [p for p in pins if p.startswith(("nvidia-", "cuda-")) or p == "numba-cuda"], sorted(pins)
