@@ -90,6 +90,24 @@ def test_compiling_in_the_simulator_is_refused_with_the_reason():
     assert "simulator is on" in proc.stdout, proc.stdout + proc.stderr
 
 
+def test_off_linux_the_compile_checks_skip_with_the_reason(monkeypatch):
+    """The compiler wheels are Linux-only (pyproject.toml's markers): on macOS a compile
+    check is skipped, saying why, not failed and not passed."""
+    import pytest
+
+    import numba.core.config  # noqa: F401 - loaded as on Linux: llvmlite picks its library by sys.platform
+    from autograder.grading import checking
+    from course import gpu_compile
+
+    monkeypatch.setattr(sys, "platform", "darwin")
+    for why in (gpu_compile.unavailable(), gpu_compile.nvrtc_unavailable()):
+        assert "Linux wheels only" in why and "darwin" in why, why
+    compiled = checking.compile_kernels("math", {"sqrt": "float32(float32)"})
+    assert compiled == {"unavailable": gpu_compile.unavailable()}
+    with pytest.raises(pytest.skip.Exception, match="cannot compile for a GPU here: .*Linux wheels only"):
+        checking.expect_compiled(compiled, "sqrt")
+
+
 def test_an_elementwise_kernel_runs_on_the_host_from_its_generated_loop(tmp_path):
     import numpy as np
     import pytest
