@@ -100,14 +100,25 @@ def cmd_grade_class(args) -> int:
 
     lab = find_lab(args.lab)
     tier = resolve_tier(args.tier)
-    _require_isolation(args.allow_weak_isolation)
+    if not args.slurm:  # with --slurm no student code runs here: each task checks its node (gradebook_slurm)
+        _require_isolation(args.allow_weak_isolation)
     output = Path(args.output or f"gradebook-{lab.slug}.csv")
     settings = Settings(lab.slug, tier, args.timeout, args.k, args.limit)
     jobs = args.jobs if args.jobs else (None if args.slurm else default_jobs(lab))
     run_array = None
+    site_given = {"partition": args.partition, "account": args.account, "time": args.time,
+                  "cpus_per_task": args.cpus_per_task, "mem": args.mem,
+                  "options": tuple(args.sbatch_options) if args.sbatch_options else None}
+    if not args.slurm and (args.slurm_config or any(v is not None for v in site_given.values())):
+        from autograder.grading.labs import UsageError
+
+        raise UsageError("--slurm-config, --partition, --account, --time, --cpus-per-task, --mem and "
+                         "--sbatch-option are SLURM's settings: give them with --slurm")
     if args.slurm:
-        from autograder.instructor.gradebook_slurm import array_runner
-        run_array = array_runner(args.chunk)
+        from autograder.instructor.gradebook_slurm import SlurmSite, array_runner
+
+        site, origin = SlurmSite.resolve(args.slurm_config, **site_given)
+        run_array = array_runner(args.chunk, site, origin, args.allow_weak_isolation)
     rows = grade_class(lab, Path(args.dir), output, settings, jobs, args.resume, run_array)
     counts = {s: sum(r.status == s for r in rows) for s in RowStatus}
     summary = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
@@ -241,6 +252,16 @@ def parser() -> argparse.ArgumentParser:
                    help="keep the rows of the gradebook's .json whose submission is unchanged")
     c.add_argument("--slurm", action="store_true", help="grade as a SLURM job array and wait for it")
     c.add_argument("--chunk", type=int, default=1, metavar="K", help="with --slurm: submissions per array task")
+    site = c.add_argument_group("the site's SLURM settings (with --slurm; over those of --slurm-config)")
+    site.add_argument("--slurm-config", metavar="TOML",
+                      help="partition, account, time, cpus-per-task, mem, options (default: ./k2c-slurm.toml if any)")
+    site.add_argument("--partition", help="sbatch --partition")
+    site.add_argument("--account", help="sbatch --account")
+    site.add_argument("--time", help="sbatch --time per task (minutes or H:MM:SS; default: the grading's limit)")
+    site.add_argument("--cpus-per-task", type=int, metavar="N", help="sbatch --cpus-per-task")
+    site.add_argument("--mem", help="sbatch --mem per task (4G)")
+    site.add_argument("--sbatch-option", action="append", metavar="OPT", dest="sbatch_options",
+                      help="any other sbatch option, as on its command line (--qos=short); repeatable")
     c.add_argument("--allow-weak-isolation", action="store_true",
                    help="grade even where bubblewrap is missing: student code could then read every file its "
                         "user may read, classmates' submissions included (the gradebook records the layer)")

@@ -74,12 +74,70 @@ def _isolation() -> str:
     return line
 
 
+# Run on a node by `k2c doctor`'s srun: the layer grading gets there.
+NODE_PROBE = ("import socket\nfrom autograder.sandbox import isolation\ntry:\n    i = isolation.detect()\n"
+              "    print(f'{socket.gethostname()}: {i.layer.value}' + ('' if i.hides_files else ' (hides no file)'))\n"
+              "except RuntimeError as exc:\n    print(f'{socket.gethostname()}: no layer works ({exc})')\n")
+
+
+def _run(command: list[str], timeout_s: float) -> tuple[int | None, str]:
+    import subprocess
+
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return None, f"no answer within {timeout_s:g} s"
+    except OSError as exc:
+        return None, str(exc)
+    return done.returncode, (done.stdout + done.stderr).strip()
+
+
+def _slurm() -> str:
+    """SLURM, for ``grade-class --slurm`` and lab 13's jobs: sbatch, whether this user can
+    submit with the site's settings (``sbatch --test-only``), and the isolation layer a
+    node grades with (one short ``srun --immediate``: a busy cluster answers "no node")."""
+    from autograder.grading.labs import UsageError
+    from autograder.instructor.gradebook_slurm import NO_SBATCH, SlurmSite
+
+    sbatch, srun = shutil.which("sbatch"), shutil.which("srun")
+    if not sbatch or not srun:
+        return f"SLURM: - not here: {NO_SBATCH} (only grade-class --slurm and lab 13's cluster jobs need it)"
+    try:
+        site, origin = SlurmSite.resolve(None)
+    except UsageError as exc:
+        return f"SLURM: ✗ {exc}"
+    _, version = _run([sbatch, "--version"], 10)
+    lines = [f"SLURM: {version} ({sbatch}); settings: {origin}"]
+    code, said = _run(["sinfo", "-h", "-o", "%P %a"], 15)
+    if code != 0:
+        return "\n".join(lines + [f"  ✗ sinfo: {said.splitlines()[-1] if said else f'exit {code}'}: is slurmctld up?"])
+    partitions = sorted({line.strip() for line in said.splitlines() if line.strip()})
+    lines.append("  partitions (* the default): " + ", ".join(partitions))
+    settings = site.srun_args()
+    code, said = _run([sbatch, "--test-only", *settings, "--wrap", "true"], 20)
+    where = site.partition or "the default partition"
+    if code != 0:
+        return "\n".join(lines + [f"  ✗ cannot submit to {where} ({' '.join(settings)}): {said[-300:]}"])
+    lines.append(f"  ✓ can submit to {where}: {said.splitlines()[-1].removeprefix('sbatch: ')}")
+    code, said = _run([srun, "--immediate=30", "--nodes=1", "--ntasks=1", "--quiet", f"--chdir={os.getcwd()}",
+                       *settings, sys.executable, "-c", NODE_PROBE], 60)
+    if code != 0:
+        lines.append(f"  ? could not run on a node to see its isolation layer: {said[-300:] or f'exit {code}'}")
+    else:
+        found = said.splitlines()[-1]
+        mark = "✓" if found.endswith(": bubblewrap") else "✗"
+        lines.append(f"  {mark} a node grades with {found}" + ("" if mark == "✓" else
+                     ": install bubblewrap on the nodes, or grade-class --slurm grades nothing there"))
+    return "\n".join(lines)
+
+
 def report() -> tuple[str, bool]:
     """The doctor's text, and whether everything the CPU tier needs is present."""
     lines = [f"Python {platform.python_version()} ({sys.executable})",
              f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores",
              describe_gpu(),
              _isolation(),
+             _slurm(),
              ""]
     healthy = True
     for dist, module, purpose, hint in PACKAGES:

@@ -2,13 +2,15 @@
 # A one-node SLURM cluster on this machine, for the course's tests, CI and
 # instructors trying lab 13's job scripts without a real cluster.
 #
-#   scripts/slurm-localhost.sh start     # start it (again: a no-op when it is up)
+#   scripts/slurm-localhost.sh start     # install what is missing, then start (a no-op when it is up)
 #   scripts/slurm-localhost.sh status    # say whether it is up; exit 0 when it is
 #   scripts/slurm-localhost.sh stop      # stop slurmd, slurmctld and munged
-#   scripts/slurm-localhost.sh install   # apt-get the packages when missing, then start
+#   scripts/slurm-localhost.sh install   # only install what is missing
 #
-# It needs root and Debian's (or Ubuntu's) `slurm-wlm` and `munge` packages; it
-# installs them only when asked (`install`, or K2C_SLURM_INSTALL=1 with `start`).
+# It needs root and Debian's (or Ubuntu's) `slurm-wlm` and `munge` packages, and
+# `bubblewrap`, the isolation layer the node grades with (k2c grade-class
+# --slurm grades nothing on a node without it). `start` installs what is
+# missing with apt-get; without apt-get it says what to install.
 # No systemd: it starts `munged` as the munge user, writes /etc/slurm/slurm.conf
 # (ProctrackType=proctrack/linuxproc, TaskPlugin=task/none, no accounting,
 # select/cons_tres, SlurmUser=root; one node "localhost" at 127.0.0.1 with this
@@ -35,14 +37,14 @@ WAIT_S=${K2C_SLURM_WAIT_S:-60}
 STATE=/var/spool/slurmctld
 SPOOL=/var/spool/slurmd
 LOGS=/var/log/slurm
-PACKAGES=(slurm-wlm munge)
+PACKAGES=(slurm-wlm munge bubblewrap)
 
 say() { echo "slurm-localhost: $*"; }
 die() { echo "slurm-localhost: $*" >&2; exit 1; }
 
 have_packages() {
   local c
-  for c in slurmctld slurmd sbatch sinfo scontrol munged munge; do
+  for c in slurmctld slurmd sbatch sinfo scontrol munged munge bwrap; do
     command -v "$c" >/dev/null 2>&1 || PATH="$PATH:/usr/sbin:/sbin" command -v "$c" >/dev/null 2>&1 || return 1
   done
 }
@@ -54,7 +56,7 @@ need_root() {
 install_packages() {
   need_root
   if have_packages; then return 0; fi
-  command -v apt-get >/dev/null 2>&1 || die "no apt-get here: install SLURM (slurmctld, slurmd, sbatch) and munge yourself"
+  command -v apt-get >/dev/null 2>&1 || die "no apt-get here: install SLURM (slurmctld, slurmd, sbatch, srun, sinfo, scontrol), munge (munged) and bubblewrap (bwrap) with this system's package manager (dnf install slurm-slurmctld slurm-slurmd munge bubblewrap), then run '$0 start' again"
   say "installing ${PACKAGES[*]} (apt-get)"
   apt-get update -qq || die "apt-get update failed"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${PACKAGES[@]}" >/dev/null || die "apt-get install ${PACKAGES[*]} failed"
@@ -170,11 +172,8 @@ start() {
   if have_packages && [ -e "$CONF" ] && [ "$(cat "$CONF")" = "$(config_text)" ] && is_up; then
     say "already up: node $NODE ($(nproc) CPUs) in partition $PARTITION is $(node_state)"; return 0
   fi
-  need_root
-  if ! have_packages; then
-    if [ "${K2C_SLURM_INSTALL:-}" = 1 ]; then install_packages
-    else die "SLURM is not installed: run '$0 install' (apt-get install ${PACKAGES[*]})"; fi
-  fi
+  [ "$(id -u)" = 0 ] || die "run this as root: sudo $0 start (it installs ${PACKAGES[*]} when missing, writes $CONF and starts the SLURM daemons)"
+  have_packages || install_packages
   local changed=0
   write_config && changed=1
   start_munge
@@ -235,6 +234,6 @@ case "${1:-}" in
   start) start ;;
   stop) stop ;;
   status) status ;;
-  install) install_packages; start ;;
+  install) install_packages; say "installed: ${PACKAGES[*]}" ;;
   *) echo "usage: $0 {start|stop|status|install}" >&2; exit 2 ;;
 esac

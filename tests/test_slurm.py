@@ -22,6 +22,7 @@ installs SLURM (.ci/run) and must run them. They share one xdist worker
 import json
 import os
 import shutil
+import re
 import socket
 import subprocess
 import sys
@@ -71,7 +72,7 @@ def slurm():
                if not shutil.which(c, path=path)]
     if missing:
         _unavailable(f"no SLURM here: {', '.join(missing)} not installed "
-                     f"(apt-get install slurm-wlm munge, or sudo scripts/slurm-localhost.sh install)")
+                     f"(apt-get install slurm-wlm munge, or sudo scripts/slurm-localhost.sh start)")
     started = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True, timeout=120)
     if started.returncode != 0:
         _unavailable(f"no SLURM cluster: scripts/slurm-localhost.sh start failed: "
@@ -229,11 +230,16 @@ def test_a_class_graded_as_a_job_array_gets_every_row(slurm, tmp_path):
             shutil.copytree(source / folder, clazz / student / folder, ignore=shutil.ignore_patterns("*.ipynb"))
     (clazz / "cy").mkdir()
     gradebook = tmp_path / "gradebook.csv"
+    # The site's settings: a config file, and an option over it; the batch script shows them.
+    config = tmp_path / "site.toml"
+    config.write_text('partition = "k2c"\naccount = "cs-course"\ntime = "0:20:00"\noptions = ["--nice=10"]\n')
     proc = subprocess.run([str(BIN / "k2c"), "grade-class", "13", str(clazz), "-o", str(gradebook), "--slurm",
+                           "--slurm-config", str(config), "--time", "25", "--cpus-per-task", "1",
                            "--jobs", "2", "-k", "check_cluster"], cwd=REPO, capture_output=True, text=True,
                           timeout=JOB_TIMEOUT_S, env=_env())
     assert proc.returncode == 0, f"{proc.stdout}{proc.stderr}"
     assert "as a SLURM job array" in proc.stderr
+    assert f"from {config} and the command line" in proc.stderr, proc.stderr
     with open(gradebook, newline="") as f:
         rows = {row["student"]: row for row in csv.DictReader(f)}
     assert {name: row["status"] for name, row in rows.items()} == {"ada": "graded", "ben": "graded", "cy": "empty"}
@@ -245,3 +251,85 @@ def test_a_class_graded_as_a_job_array_gets_every_row(slurm, tmp_path):
     assert float(rows["ada"]["score"]) == float(rows["ada"]["max"]) > 0
     assert float(rows["ben"]["score"]) == 0
     assert all("not implemented yet" in t["feedback"] for t in report["ben"]["tests"])
+    # The submitted script's settings, as it said (its scratch folder goes once the gradebook is written).
+    assert "partition=k2c, account=cs-course, time=25, cpus-per-task=1, nice=10" in proc.stderr, proc.stderr
+
+
+def test_doctor_reports_slurm_and_the_layer_a_node_grades_with(slurm, tmp_path):
+    proc = subprocess.run([str(BIN / "k2c"), "doctor"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env=_env())
+    assert "SLURM: slurm-wlm" in proc.stdout or "SLURM: slurm" in proc.stdout, proc.stdout
+    assert "✓ can submit to the default partition" in proc.stdout, proc.stdout
+    assert "✓ a node grades with" in proc.stdout and ": bubblewrap" in proc.stdout, proc.stdout
+    (tmp_path / "k2c-slurm.toml").write_text('partition = "no-such-partition"\n')
+    proc = subprocess.run([str(BIN / "k2c"), "doctor"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env=_env())
+    assert "✗ cannot submit to no-such-partition" in proc.stdout, proc.stdout
+
+
+# Without the cluster: the site's settings, the node's refusal, and the local script's advice.
+
+def test_the_site_settings_come_from_a_file_and_options_and_the_script_shows_them(tmp_path, monkeypatch):
+    from autograder.grading.labs import UsageError
+    from autograder.instructor.gradebook_slurm import SlurmSite, batch_script
+
+    monkeypatch.chdir(tmp_path)
+    assert SlurmSite.resolve(None) == (SlurmSite(), "the site's defaults (no k2c-slurm.toml, no options)")
+    (tmp_path / "k2c-slurm.toml").write_text('partition = "gpu-teach"\naccount = "cs4xx"\ntime = "1:30:00"\n'
+                                             'cpus-per-task = 4\nmem = "8G"\noptions = ["--qos=short"]\n')
+    site, origin = SlurmSite.resolve(None, time="45", mem=None)
+    assert origin == "k2c-slurm.toml and the command line"
+    assert site == SlurmSite("gpu-teach", "cs4xx", "45", 4, "8G", ("--qos=short",))
+    script = batch_script(tmp_path / "manifest.json", 3, 2, 65, site, origin)
+    lines = [line for line in script.splitlines() if line.startswith("#SBATCH")]
+    assert lines == ["#SBATCH --job-name=k2c-grade", "#SBATCH --array=0-2%2", "#SBATCH --ntasks=1",
+                     "#SBATCH --partition=gpu-teach", "#SBATCH --account=cs4xx", "#SBATCH --time=45",
+                     "#SBATCH --cpus-per-task=4", "#SBATCH --mem=8G", "#SBATCH --qos=short",
+                     f"#SBATCH --output={tmp_path}/task-%a.log"]
+    assert "from k2c-slurm.toml and the command line" in script
+    # Without a time, the grading's own limit sets it; without the rest, the site's defaults.
+    assert [line for line in batch_script(tmp_path / "m.json", 1, None, 65).splitlines()
+            if line.startswith("#SBATCH --")][3:-1] == ["#SBATCH --time=65"]
+    for text, says in (('time = "an hour"\n', "write minutes"), ('mem = "lots"\n', "4G"),
+                       ('cpus-per-task = 0\n', "1 or more"), ('qos = "short"\n', "unknown SLURM settings ['qos']"),
+                       ('options = ["qos=short"]\n', "as on its command line"), ("partition = \n", "not TOML")):
+        (tmp_path / "bad.toml").write_text(text)
+        with pytest.raises(UsageError, match=re.escape(says)):
+            SlurmSite.resolve(str(tmp_path / "bad.toml"))
+    proc = subprocess.run([str(BIN / "k2c"), "grade-class", "06", str(tmp_path), "--partition", "x"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "give them with --slurm" in proc.stderr, proc.stderr
+
+
+def test_a_node_without_bubblewrap_grades_nothing(tmp_path, monkeypatch, capsys):
+    """A task on a node that gives only the subreaper layer writes a crashed row saying
+    why for each of its submissions, and never runs their code (unless allowed)."""
+    from autograder.instructor import gradebook_slurm
+    from autograder.sandbox import isolation
+
+    weak = isolation.Isolation(isolation.Layer.SUBREAPER, None, None)
+    monkeypatch.setattr(isolation, "detect", lambda: weak)
+    monkeypatch.setattr(gradebook_slurm, "grade_one", lambda *a: pytest.fail("graded on a weak node"))
+    (tmp_path / "rows").mkdir()
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"settings": {"lab": "06-collectives", "tier": "cpu"}, "chunks": [
+        [{"student": "ada", "folder": str(tmp_path), "digest": "ab" * 32}]]}))
+    assert gradebook_slurm.run_task(manifest, 0) == 1
+    row = json.loads((tmp_path / "rows" / "ada.json").read_text())
+    assert row["status"] == "crashed" and "subreaper layer" in row["message"] and "install bubblewrap" in row["message"]
+
+
+def test_the_local_cluster_script_says_exactly_what_to_install_without_apt(tmp_path):
+    """Where SLURM is missing and there is no apt-get, `start` names the packages to
+    install (SLURM's daemons and commands, munge, bubblewrap) and fails; it never half-starts."""
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for tool in ("id", "cat", "grep", "nproc"):
+        (bare / tool).symlink_to(shutil.which(tool))
+    proc = subprocess.run(["/bin/bash", str(SCRIPT), "start"], capture_output=True, text=True, timeout=60,
+                          env={"PATH": str(bare), "HOME": str(tmp_path)})
+    if os.geteuid() != 0:
+        assert proc.returncode == 1 and "run this as root: sudo" in proc.stderr, proc.stderr
+        return
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "no apt-get here: install SLURM" in proc.stderr and "bubblewrap (bwrap)" in proc.stderr, proc.stderr

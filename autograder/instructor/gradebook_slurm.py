@@ -8,37 +8,115 @@ grades chunk ``i`` of the manifest, one ``k2c grade`` process per submission,
 exactly as a local run does (``python -m autograder.instructor.gradebook_slurm MANIFEST i``).
 A submission whose task left no row (the task was killed, the node died) gets a
 ``crashed`` row naming the task's log.
+
+The site's settings (partition, account, time, CPUs and memory per task, any
+other ``sbatch`` option) come from ``k2c-slurm.toml`` (``--slurm-config``) and
+the command line, which wins; the batch script shows each as an ``#SBATCH``
+line. Each task checks the isolation layer its node gives before grading: a
+node without bubblewrap grades nothing unless ``--allow-weak-isolation``.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from autograder.instructor.gradebook import Row, RowStatus, Settings, grade_one, safely
 from autograder.grading.labs import UsageError
 
 POLL_S = 1.0
+CONFIG = "k2c-slurm.toml"  # read from the current folder when --slurm-config is not given
+NO_SBATCH = ("SLURM's sbatch is not on PATH: on a cluster, run k2c on a node that submits jobs (a login node); "
+             "on one machine, `sudo scripts/slurm-localhost.sh start` installs SLURM and starts a one-node cluster")
+# SLURM's own forms (sbatch(1)): minutes, MM:SS, H:MM:SS, D-H, D-H:MM, D-H:MM:SS; memory a count with K/M/G/T.
+TIME_FORM = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d+(:\d{1,2}){0,2}")
+MEMORY_FORM = re.compile(r"\d+[KMGT]?", re.IGNORECASE)
 
 
-def batch_script(manifest: Path, tasks: int, throttle: int | None, minutes: int) -> str:
+@dataclass(frozen=True)
+class SlurmSite:
+    """What a site's cluster asks of every job: ``None`` leaves it to the site's defaults."""
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None  # per array task; default: the grading's own limit for its chunk, plus 5 minutes
+    cpus_per_task: int | None = None
+    mem: str | None = None  # per task, e.g. "8G"
+    options: tuple[str, ...] = ()  # any other sbatch option, as written on its command line ("--qos=short")
+
+    def __post_init__(self):
+        if self.time is not None and not TIME_FORM.fullmatch(str(self.time)):
+            raise UsageError(f"SLURM time {self.time!r}: write minutes (90), H:MM:SS (1:30:00) or D-HH (1-00)")
+        if self.mem is not None and not MEMORY_FORM.fullmatch(str(self.mem)):
+            raise UsageError(f"SLURM memory {self.mem!r}: write a size such as 4G or 4096M")
+        if self.cpus_per_task is not None and (not isinstance(self.cpus_per_task, int) or self.cpus_per_task < 1):
+            raise UsageError(f"SLURM cpus-per-task {self.cpus_per_task!r}: a whole number, 1 or more")
+        bad = [o for o in self.options if not str(o).startswith("-") or "\n" in str(o)]
+        if bad:
+            raise UsageError(f"SLURM options {bad}: each an sbatch option as on its command line (--qos=short)")
+
+    @classmethod
+    def load(cls, path: Path) -> "SlurmSite":
+        """A ``k2c-slurm.toml``: top-level keys partition, account, time, cpus-per-task, mem, options."""
+        import tomllib
+
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except OSError as exc:
+            raise UsageError(f"cannot read the SLURM settings {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise UsageError(f"{path} is not TOML: {exc}") from None
+        known = {f.name.replace("_", "-"): f.name for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise UsageError(f"{path}: unknown SLURM settings {unknown}; the settings are {sorted(known)}")
+        values = {known[k]: (tuple(v) if k == "options" else (str(v) if k == "time" else v)) for k, v in data.items()}
+        return cls(**values)
+
+    @classmethod
+    def resolve(cls, config: str | None, **given) -> tuple["SlurmSite", str]:
+        """The settings of ``config`` (else ``./k2c-slurm.toml`` when there is one), with the
+        command line's ``given`` (not None) over them; and where they came from, in words."""
+        path = Path(config) if config else Path(CONFIG)
+        site = cls.load(path) if config or path.exists() else cls()
+        given = {k: v for k, v in given.items() if v is not None}
+        origin = " and ".join(([str(path)] if config or path.exists() else []) + (["the command line"] if given else []))
+        return replace(site, **given), origin or "the site's defaults (no k2c-slurm.toml, no options)"
+
+    def sbatch_lines(self, minutes: int) -> list[str]:
+        lines = [f"--partition={self.partition}" if self.partition else "",
+                 f"--account={self.account}" if self.account else "",
+                 f"--time={self.time or minutes}",
+                 f"--cpus-per-task={self.cpus_per_task}" if self.cpus_per_task else "",
+                 f"--mem={self.mem}" if self.mem else "", *self.options]
+        return [f"#SBATCH {line}" for line in lines if line]
+
+    def srun_args(self) -> list[str]:
+        """The same settings for a one-off ``srun`` (``k2c doctor``'s probe of a node)."""
+        return [line.removeprefix("#SBATCH ") for line in self.sbatch_lines(2) if "--time=" not in line] + ["--time=2"]
+
+
+def batch_script(manifest: Path, tasks: int, throttle: int | None, minutes: int,
+                 site: SlurmSite = SlurmSite(), origin: str = "") -> str:
     work = manifest.parent
     array = f"0-{tasks - 1}" + (f"%{throttle}" if throttle else "")
     command = " ".join(map(shlex.quote, [sys.executable, "-m", "autograder.instructor.gradebook_slurm", str(manifest)]))
     return "\n".join([
         "#!/bin/bash",
+        "# Written by k2c grade-class --slurm: one array task per chunk of submissions.",
+        f"# The site's settings come from {origin or 'the site defaults'}.",
         "#SBATCH --job-name=k2c-grade",
         f"#SBATCH --array={array}",
         "#SBATCH --ntasks=1",
-        f"#SBATCH --time={minutes}",
+        *site.sbatch_lines(minutes),
         f"#SBATCH --output={work}/task-%a.log",
         # The grader's own Python and the course: the nodes see the same paths.
         f"cd {shlex.quote(os.getcwd())}",
@@ -47,26 +125,31 @@ def batch_script(manifest: Path, tasks: int, throttle: int | None, minutes: int)
     ])
 
 
-def array_runner(chunk: int):
+def array_runner(chunk: int, site: SlurmSite = SlurmSite(), origin: str = "", allow_weak_isolation: bool = False):
     """``grade_class``'s way to grade its rows as a job array of ``chunk`` submissions a task."""
-    return lambda todo, settings, scratch, jobs, record: run_array(todo, settings, scratch, jobs, chunk, record)
+    return lambda todo, settings, scratch, jobs, record: run_array(todo, settings, scratch, jobs, chunk, record,
+                                                                   site, origin, allow_weak_isolation)
 
 
-def run_array(todo, settings: Settings, scratch: Path, jobs: int | None, chunk: int, record) -> None:
+def run_array(todo, settings: Settings, scratch: Path, jobs: int | None, chunk: int, record,
+              site: SlurmSite = SlurmSite(), origin: str = "", allow_weak_isolation: bool = False) -> None:
     if not todo:
         return
     sbatch = shutil.which("sbatch")
     if not sbatch:
-        raise UsageError("--slurm needs SLURM's sbatch on PATH (on one machine: scripts/slurm-localhost.sh start)")
+        raise UsageError(f"--slurm: {NO_SBATCH}")
     chunk = max(1, chunk)
     chunks = [todo[i:i + chunk] for i in range(0, len(todo), chunk)]
     (scratch / "rows").mkdir(exist_ok=True)
     manifest = scratch / "manifest.json"
-    manifest.write_text(json.dumps({"settings": asdict(settings), "chunks": [
+    manifest.write_text(json.dumps({"settings": asdict(settings), "allow_weak_isolation": allow_weak_isolation,
+                                    "chunks": [
         [{"student": s, "folder": str(p), "digest": d} for s, p, d in part] for part in chunks]}))
     minutes = math.ceil(settings.limit_s * chunk / 60) + 5
     script = scratch / "grade-class.sbatch"
-    script.write_text(batch_script(manifest, len(chunks), jobs, minutes))
+    script.write_text(batch_script(manifest, len(chunks), jobs, minutes, site, origin))
+    sys.stderr.write(f"submitting {script} ({len(chunks)} tasks; " + (", ".join(
+        line.removeprefix("#SBATCH --") for line in site.sbatch_lines(minutes)) + f"; from {origin})\n"))
     submitted = {}
 
     def submit():
@@ -100,19 +183,43 @@ def _row_name(student: str) -> str:
     return student.replace("/", "_")
 
 
-def run_task(manifest: Path, index: int) -> None:
+def node_refusal(allow_weak_isolation: bool) -> str:
+    """Why this node must not grade ("" when it may): no layer that hides the other
+    students' files (bubblewrap), unless the instructor allowed the weaker one."""
+    import socket
+
+    from autograder.sandbox import isolation
+
+    try:
+        layer = isolation.detect()
+    except RuntimeError as exc:
+        return f"node {socket.gethostname()} cannot isolate student code: {exc}"
+    if layer.hides_files or allow_weak_isolation:
+        return ""
+    return (f"node {socket.gethostname()} grades under the {layer.layer.value} layer, where student code could read "
+            f"its classmates' submissions: install bubblewrap on the nodes (or pass --allow-weak-isolation)")
+
+
+def run_task(manifest: Path, index: int) -> int:
     data = json.loads(Path(manifest).read_text())
     settings = Settings(**data["settings"])
     rows = Path(manifest).parent / "rows"
+    refused = node_refusal(data.get("allow_weak_isolation", False))
     for item in data["chunks"][index]:
         student, folder, sha = item["student"], Path(item["folder"]), item["digest"]
-        row = safely(student, sha, settings, lambda: grade_one(student, folder, sha, settings, rows.parent))
+        if refused:
+            row = Row(student, sha, RowStatus.CRASHED, tier=settings.tier, message=refused)
+        else:
+            row = safely(student, sha, settings, lambda: grade_one(student, folder, sha, settings, rows.parent))
         tmp = rows / f".{_row_name(student)}.tmp"
         tmp.write_text(json.dumps(row.as_dict()))
         os.replace(tmp, rows / f"{_row_name(student)}.json")  # whole or absent: the submitter polls this folder
         print(f"{student}: {row.status.value} {row.score:g}/{row.max_score if row.max_score is not None else '-'}",
               flush=True)
+    if refused:
+        print(refused, file=sys.stderr)
+    return 1 if refused else 0
 
 
 if __name__ == "__main__":
-    run_task(Path(sys.argv[1]), int(sys.argv[2]))
+    sys.exit(run_task(Path(sys.argv[1]), int(sys.argv[2])))
