@@ -30,7 +30,15 @@ def cmd_grade(args) -> int:
     except UsageError as exc:
         if args.output:  # a results file always exists, and says why grading failed
             write_results(args.output, report.failure(args.format, str(exc)))
+        if args.summary:
+            _append(args.summary, report.failure("markdown", str(exc)))
         raise
+
+
+def _append(path: str, text: str) -> None:
+    """Add to a summary file (GitHub's $GITHUB_STEP_SUMMARY collects what each step appends)."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(text)
 
 
 def _grade(args) -> int:
@@ -39,7 +47,7 @@ def _grade(args) -> int:
     from autograder.grading.labs import UsageError, all_labs, find_lab
     from autograder.grading.runner import LabStatus, NoCheckSelected, grade, resolve_tier
 
-    labs = all_labs() if args.lab == "all" else [find_lab(args.lab)]
+    labs = all_labs() if args.lab == "all" else [find_lab(part) for part in args.lab.split(",")]
     if args.list:
         return _list(labs, args.k, args.format)
     tier = resolve_tier(args.tier)
@@ -69,6 +77,8 @@ def _grade(args) -> int:
             sys.stdout.write(report.render(results, "text"))
     else:
         sys.stdout.write(rendered)
+    if args.summary:
+        _append(args.summary, report.render(results, "markdown"))
     full = all(r.status is LabStatus.GRADED and r.score >= r.max_score for r in results)
     return EXIT_BELOW_FULL if args.require_full and not full else EXIT_OK
 
@@ -186,8 +196,8 @@ def cmd_selftest(args) -> int:
     from autograder import selftest
     from autograder.grading.labs import all_labs, find_lab
 
-    labs = all_labs() if args.lab == "all" else [find_lab(args.lab)]
-    print(f"running what grading {'every lab' if args.lab == 'all' else labs[0].slug} needs:")
+    labs = all_labs() if args.lab == "all" else [find_lab(part) for part in args.lab.split(",")]
+    print(f"running what grading {'every lab' if args.lab == 'all' else ', '.join(l.slug for l in labs)} needs:")
     return EXIT_OK if selftest.run(labs) else EXIT_USAGE
 
 
@@ -205,15 +215,33 @@ def cmd_gradescope(args) -> int:
     return EXIT_OK
 
 
+def cmd_ci(args) -> int:
+    from autograder.instructor.ci import build
+    from autograder.grading.labs import UsageError, find_lab
+
+    if args.lab == "all":
+        raise UsageError("k2c ci writes one lab's workflow and grader: name a lab (13 or 13-hybrid-parallel)")
+    lab = find_lab(args.lab)
+    built = build(lab, Path(args.output or f"ci-{lab.slug}"))
+    print(f"wrote {built.folder}: {built.wheel} (sha256 {built.sha256[:12]}), k2c-grade.yml, github-classroom.yml, autograder.py")
+    print(f"  the wheel grades {', '.join(built.labs)} with their public checks; no solutions, no hidden checks")
+    print(f"  GitHub Actions: commit k2c-grade.yml to .github/workflows/ and the wheel to .k2c/ "
+          f"(k2c release DIR --ci {lab.number} does both)")
+    print("  Classroom 50: put autograder.py and the wheel in CLASSROOM/autograders/ASSIGNMENT/")
+    return EXIT_OK
+
+
 def cmd_release(args) -> int:
     from autograder.instructor.release import AUTHOR, ReleaseError, parse_author, release
+    from autograder.grading.labs import find_lab
 
     def say(line):
         print(f"k2c release: {line}", file=sys.stderr)
 
     try:
         author = parse_author(args.author) if args.author else AUTHOR
-        done = release(Path(args.source), Path(args.dir), author, say)
+        done = release(Path(args.source), Path(args.dir), author, say,
+                       ci_labs=[find_lab(lab) for lab in args.ci or ()])
     except ReleaseError as exc:
         print(f"k2c release: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -228,12 +256,15 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("grade", help="grade a lab (or all labs) of a submission")
-    g.add_argument("lab", help="lab number (02), slug (02-cuda-model) or 'all'")
+    g.add_argument("lab", help="lab number (02), slug (02-cuda-model), several (13,07,08) or 'all'")
     g.add_argument("--submission", metavar="DIR|ZIP",
                    help="a folder or .zip holding the lab's files, NN-slug/ lab folders, or a student repository "
                         "(labs/NN-slug/), perhaps inside one wrapping folder (default: ./labs, else .)")
     g.add_argument("--tier", choices=("auto", "cpu", "gpu"), default="auto")
-    g.add_argument("--format", choices=("text", "json", "gradescope", "junit", "classroom"), default="text")
+    g.add_argument("--format", choices=("text", "json", "gradescope", "junit", "markdown", "classroom50", "classroom"),
+                   default="text")
+    g.add_argument("--summary", metavar="FILE",
+                   help="also add a Markdown summary to FILE (in GitHub Actions: \"$GITHUB_STEP_SUMMARY\")")
     g.add_argument("-o", "--output", metavar="FILE", help="write the report here (the text table still goes to stdout)")
     g.add_argument("--timeout", type=float, metavar="SECONDS", help="limit for each call into the submission")
     g.add_argument("--require-full", action="store_true", help="exit 1 when the score is below the maximum")
@@ -293,8 +324,15 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("release", help="write the student repository (no solutions/) into a new folder, as one git commit")
     r.add_argument("dir", metavar="DIR", help="a new or empty folder")
     r.add_argument("--author", metavar="'NAME <EMAIL>'", help="the commit's author (default: Kernels to Clusters)")
+    r.add_argument("--ci", action="append", metavar="LAB",
+                   help="also commit lab LAB's GitHub Actions workflow and grader wheel (k2c ci); repeatable")
     r.add_argument("--source", default=".", help=argparse.SUPPRESS)
     r.set_defaults(run=cmd_release)
+
+    ci = sub.add_parser("ci", help="write one lab's grader wheel, GitHub Actions workflow and Classroom 50 autograder")
+    ci.add_argument("lab", help="lab number (13) or slug (13-hybrid-parallel)")
+    ci.add_argument("-o", "--output", metavar="DIR", help="the folder to write (default: ci-NN-slug)")
+    ci.set_defaults(run=cmd_ci)
     return p
 
 

@@ -218,7 +218,7 @@ def test_every_labs_hidden_list_is_right():
 @pytest.fixture(scope="module")
 def released(tmp_path_factory):
     target = tmp_path_factory.mktemp("release") / "k2c-student"
-    proc = k2c("release", target, timeout=120)
+    proc = k2c("release", target, "--ci", "13", timeout=120)  # with lab 13's workflow and grader wheel
     assert proc.returncode == 0, proc.stderr
     assert "no solution code in any of them" in proc.stderr and "one commit" in proc.stdout
     return target
@@ -235,7 +235,12 @@ def test_release_is_one_clean_commit_with_no_solution_code(released):
     tracked = git(released, "ls-files").splitlines()
     assert {"README.md", "Makefile", "pyproject.toml", "environment.yml", ".gitignore"} <= set(tracked)
     assert {p.split("/")[0] for p in tracked} == {"README.md", "Makefile", "pyproject.toml", "environment.yml",
-                                                  ".gitignore", "course", "labs", "autograder", "scripts"}
+                                                  ".gitignore", "course", "labs", "autograder", "scripts",
+                                                  ".github", ".k2c"}
+    # --ci 13: the workflow, and the wheel it names (checked, like every file, for solution code: inside it too).
+    assert ".github/workflows/k2c-grade-13.yml" in tracked
+    (wheel,) = [p for p in tracked if p.startswith(".k2c/")]
+    assert wheel.endswith("+ci13-py3-none-any.whl") and wheel in (released / ".github/workflows/k2c-grade-13.yml").read_text()
     # The starters are exactly the repository's (and so what `k2c sync` writes).
     for path in (REPO / "labs").rglob("*.py"):
         assert (released / path.relative_to(REPO)).read_bytes() == path.read_bytes(), path

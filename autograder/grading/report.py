@@ -1,4 +1,5 @@
-"""Reports of graded labs: a text table for people; JSON, Gradescope, JUnit and GitHub Classroom for machines.
+"""Reports of graded labs: a text table for people; JSON, Gradescope and JUnit for machines
+(and, in ``report_ci``, a Markdown summary, Classroom 50's result.json and GitHub Classroom's reporter).
 
 A lab whose files were not found (status ``missing``, ``runner.LabStatus``) ran
 no check: every format says so in words, with the folders looked in, and
@@ -6,15 +7,15 @@ scores it 0 of the lab's maximum.
 """
 from __future__ import annotations
 
-import base64
 import json
 import textwrap
 import xml.etree.ElementTree as ET
 
+from autograder.grading import report_ci
 from autograder.grading.flags import described
 from autograder.grading.runner import LabResult, LabStatus
 
-FORMATS = ("text", "json", "gradescope", "junit", "classroom")
+FORMATS = ("text", "json", "gradescope", "junit", "markdown", "classroom50", "classroom")
 
 
 def _pts(x: float) -> str:
@@ -203,46 +204,6 @@ def gradescope(results: list[LabResult]) -> str:
     return json.dumps(report, indent=2) + "\n"
 
 
-# GitHub Classroom's autograding-grading-reporter reads, from the environment
-# variable ``<RUNNER>_RESULTS``, base64 of the JSON that its graders
-# (autograding-command-grader) set as a step's ``result`` output. It sums each
-# test's ``score`` against the top-level ``max_score`` (partial credit), marks a
-# test by its ``status`` ("pass", "fail" or "error"), prints ``message`` only for
-# "error", ``test_code`` for every test, and " - line N" after the name unless
-# ``line_no`` is 0.
-CLASSROOM_STATUS = {"passed": "pass", "skipped": "pass", "failed": "fail", "timeout": "fail", "error": "error"}
-
-
-def _classroom_json(results: list[LabResult]) -> dict:
-    tests = []
-    for r in results:
-        if _missing(r):  # the reporter prints an "error" test's message: the student sees where it looked
-            tests.append({"name": f"{r.lab}: the lab's files", "status": "error", "score": 0,
-                          "message": r.message, "test_code": f"k2c grade {r.lab[:2]}",
-                          "filename": "", "line_no": 0, "duration": round(r.duration_s * 1000)})
-        for c in r.checks:
-            skipped = c.status == "skipped"
-            name = f"{r.lab}: {c.title}" if len(results) > 1 else c.title
-            tests.append({"name": name + (" (skipped)" if skipped else ""),
-                          "status": CLASSROOM_STATUS[c.status], "score": c.points,
-                          "message": c.feedback,
-                          # what a student runs to see this check's feedback in full
-                          "test_code": f"k2c grade {r.lab[:2]} -k {c.name.split('[')[0]}",
-                          "filename": "", "line_no": 0, "duration": round(c.duration_s * 1000)})
-    full = all(r.score >= r.max_score and not _missing(r) for r in results)
-    return {"version": 1, "status": "pass" if results and full else "fail",
-            "max_score": sum(r.max_score for r in results), "tests": tests}
-
-
-def _base64(data: dict) -> str:
-    return base64.b64encode(json.dumps(data).encode()).decode() + "\n"
-
-
-def classroom(results: list[LabResult]) -> str:
-    """What GitHub Classroom's grading reporter reads: one line of base64 JSON."""
-    return _base64(_classroom_json(results))
-
-
 def junit(results: list[LabResult]) -> str:
     suites = ET.Element("testsuites")
     for r in results:
@@ -281,7 +242,8 @@ def junit(results: list[LabResult]) -> str:
 
 def render(results: list[LabResult], fmt: str) -> str:
     return {"text": text, "json": as_json, "gradescope": gradescope, "junit": junit,
-            "classroom": classroom}[fmt](results)
+            "markdown": report_ci.markdown, "classroom50": report_ci.classroom50,
+            "classroom": report_ci.classroom}[fmt](results)
 
 
 def failure(fmt: str, message: str) -> str:
@@ -292,9 +254,12 @@ def failure(fmt: str, message: str) -> str:
         return json.dumps({"score": 0, "execution_time": 0, "output": text, "visibility": "visible",
                            "stdout_visibility": "hidden", "tests": []}, indent=2) + "\n"
     if fmt == "classroom":  # the reporter prints an "error" test's message: the student sees why
-        return _base64({"version": 1, "status": "error", "max_score": 0, "tests": [
-            {"name": "k2c grade", "status": "error", "score": 0, "message": text, "test_code": "",
-             "filename": "", "line_no": 0, "duration": 0}]})
+        return report_ci.base64_json({"version": 1, "status": "error", "max_score": 0, "tests": [
+            report_ci.reporter_test("k2c grade", "error", 0, text, "", 0)]})
+    if fmt == "markdown":
+        return f"### {text}\n"
+    if fmt == "classroom50":  # k2c exits 2 as well: Classroom 50's runner then records an infrastructure error
+        return report_ci.classroom50([], message=text)
     if fmt == "json":
         return json.dumps({"error": message, "score": 0, "max_score": 0, "tests": []}, indent=2) + "\n"
     if fmt == "junit":

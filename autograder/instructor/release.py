@@ -36,6 +36,7 @@ import subprocess
 import textwrap
 import tokenize
 import tomllib
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -230,6 +231,9 @@ def searchable(rel: str, data: bytes) -> list[str]:
     """The texts of a released file to search, squashed: as it is, and for
     Python (a module, a notebook's code cells) without comments too. A notebook
     is searched as its cells' sources and outputs, not as escaped JSON."""
+    if rel.endswith(".whl"):  # a grader wheel (k2c release --ci): each file in it
+        with zipfile.ZipFile(io.BytesIO(data)) as wheel:
+            return [t for name in wheel.namelist() for t in searchable(name, wheel.read(name))]
     try:
         text = data.decode()
     except UnicodeDecodeError:
@@ -296,13 +300,31 @@ def parse_author(text: str) -> tuple[str, str]:
     return m[1], m[2]
 
 
-def release(source: Path, target: Path, author: tuple[str, str] = AUTHOR, say=lambda line: None) -> Release:
+def ci_files(labs, source: Path) -> dict[str, tuple[bytes, bool]]:
+    """For each lab of ``k2c release --ci``: its workflow and its grader wheel (``autograder.instructor.ci``)."""
+    import tempfile
+
+    from autograder.instructor import ci
+
+    files = {}
+    for lab in labs:
+        with tempfile.TemporaryDirectory() as folder:
+            built = ci.build(lab, Path(folder), source)
+            files[f"{ci.WHEEL_FOLDER}/{built.wheel}"] = ((Path(folder) / built.wheel).read_bytes(), False)
+            files[f".github/workflows/k2c-grade-{lab.number}.yml"] = ((Path(folder) / "k2c-grade.yml").read_bytes(),
+                                                                      False)
+    return files
+
+
+def release(source: Path, target: Path, author: tuple[str, str] = AUTHOR, say=lambda line: None,
+            ci_labs=()) -> Release:
     """Write the student repository into ``target`` (new or empty) and commit it."""
     source, target = Path(source), Path(target)
     if not shutil.which("git"):
         raise ReleaseError("git is not installed: the release is a git repository (Debian/Ubuntu: apt-get install git)")
     _check_target(target, source)
     files = contents(source)
+    files.update(ci_files(ci_labs, source))
     say(f"labs/ is in sync with solutions/; {len(files)} files to release")
     found, regions = leaks(source / "solutions", files)
     if found:
