@@ -341,9 +341,13 @@ def release(source: Path, target: Path, author: tuple[str, str] = AUTHOR, say=la
                            "('python -m autograder.instructor.overlap NN' shows a lab's table)")
     worst = max((s for s in found if s.size >= overlap.MIN_GRAMS), key=lambda s: s.released, default=None)
     if worst:
+        idioms = [s for s in found if s.size < overlap.MIN_GRAMS]
+        idiom = max(idioms, key=lambda s: s.released, default=None)
         say(f"at most {worst.released:.2f} of a solution region's token 5-grams are in the release "
-            f"({worst.where}; bound {overlap.MAX_SHARE}); hints at most "
-            f"{max(s.hint_chars for s in found)} characters (bound {overlap.MAX_HINT_CHARS})")
+            f"({worst.where}; bound {overlap.MAX_SHARE})"
+            + (f"; {len(idioms)} regions of under {overlap.MIN_GRAMS} windows (a line of idiom, exact search only) "
+               f"at most {idiom.released:.2f} ({idiom.where})" if idiom else "")
+            + f"; hints at most {max(s.hint_chars for s in found)} characters (bound {overlap.MAX_HINT_CHARS})")
     target.mkdir(parents=True, exist_ok=True)
     for rel, (data, executable) in files.items():
         path = target / rel

@@ -246,7 +246,7 @@ class ParallelMLP(torch.nn.Module):
         raise NotImplementedError('not implemented yet: __init__: Pair a column layer that leaves its output split with a row layer that takes it split, both on this group.')
 
     def forward(self, x):
-        raise NotImplementedError('not implemented yet: forward: The first layer, the activation, then the second layer.')
+        return self.fc2(F.gelu(self.fc1(x)))  # the dense MLP's forward: the layers do the parallel work
 
 
 class ParallelSelfAttention(torch.nn.Module):
