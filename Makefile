@@ -8,6 +8,9 @@ SUBMISSION ?= solutions
 LAB ?= all
 INSTALLED := $(VENV)/.installed
 INSTALLED_DEV := $(VENV)/.installed-dev
+# setuptools notes on every editable install that a folder named like a package may
+# shadow it (information, not a problem here): keep the install's output to what matters.
+EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet -e
 
 .PHONY: grade test docs doctor sync clean
 
@@ -45,11 +48,11 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(INSTALLED): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
+	$(EDITABLE) .
 	@touch $@
 
 $(INSTALLED_DEV): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(EDITABLE) '.[dev]'
 	@touch $@ $(INSTALLED)
 
 clean:

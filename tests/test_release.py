@@ -355,6 +355,8 @@ def test_readme_commands_set_up_and_grade_the_starters_at_zero(released, tmp_pat
     setup = subprocess.run(commands[0].split(), cwd=released, env=env, capture_output=True, text=True, timeout=300)
     assert setup.returncode == 0, setup.stdout + setup.stderr
     assert "ready:" in setup.stdout
+    # Nothing for a student to puzzle over: no build-backend or deprecation warning from the install.
+    assert "Warning:" not in setup.stdout + setup.stderr, setup.stderr
 
     # The release's own grader is the one installed: run from elsewhere, it imports the
     # release's autograder and course, and stages a lab's `uses` files from the

@@ -407,9 +407,10 @@ $(BIN)/python:
 \t  exit 1; }
 \t$(BIN)/python -m pip install --quiet --upgrade pip
 
+# PYTHONWARNINGS: setuptools notes on every editable install that a folder may shadow a package.
 $(INSTALLED): pyproject.toml | $(BIN)/python
 \t@echo "installing the course, the grader and their dependencies into $(VENV) (several minutes the first time)"
-\t$(BIN)/python -m pip install --quiet -e .
+\tPYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet -e .
 \t@touch $@
 """
 
