@@ -124,9 +124,9 @@ def _slurm() -> str:
     if code != 0:
         lines.append(f"  ? could not run on a node to see its isolation layer: {said[-300:] or f'exit {code}'}")
     else:
-        found = said.splitlines()[-1]
-        mark = "✓" if found.endswith(": bubblewrap") else "✗"
-        lines.append(f"  {mark} a node grades with {found}" + ("" if mark == "✓" else
+        node, _, layer = said.splitlines()[-1].rpartition(": ")
+        mark = "✓" if layer == "bubblewrap" else "✗"
+        lines.append(f"  {mark} node {node} grades with {layer}" + ("" if mark == "✓" else
                      ": install bubblewrap on the nodes, or grade-class --slurm grades nothing there"))
     return "\n".join(lines)
 
