@@ -12,9 +12,9 @@ INSTALLED_DEV := $(VENV)/.installed-dev
 # shadow it (information, not a problem here): keep the install's output to what matters.
 EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet -e
 
-.PHONY: grade test docs doctor sync clean
+.PHONY: grade test docs doctor sync clean isolation
 
-grade: $(INSTALLED)
+grade: $(INSTALLED) isolation
 	$(BIN)/k2c grade $(LAB) --submission $(SUBMISSION)
 
 # pytest-xdist, one worker per core: notebooks one file per worker (their cells
@@ -23,7 +23,7 @@ grade: $(INSTALLED)
 # tests (and 10 slowest cells) are listed at the end of each run.
 # The notebooks go first: the docs site shows the lectures as nbval just ran them
 # (course/executed.py) instead of running them again.
-test: $(INSTALLED_DEV)
+test: $(INSTALLED_DEV) isolation
 	$(BIN)/k2c sync --check
 	$(BIN)/python -m pytest course/lectures solutions --nbval-lax --nbval-current-env -n auto --dist loadfile --durations=10
 	$(BIN)/python -m pytest tests -n auto --dist loadgroup --durations=25
@@ -54,6 +54,20 @@ $(INSTALLED): pyproject.toml | $(BIN)/python
 $(INSTALLED_DEV): pyproject.toml | $(BIN)/python
 	$(EDITABLE) '.[dev]'
 	@touch $@ $(INSTALLED)
+
+# Student code is graded in bubblewrap's namespaces. As root on Debian/Ubuntu it is installed
+# here when missing, as python3-venv is: without it, student code runs as nobody, who cannot
+# read a Python under /root (pyenv, conda) or a checkout in a private folder, and the grader
+# refuses to grade (exit 2, saying so) rather than give zeros.
+isolation:
+	@command -v bwrap >/dev/null || [ "$$(uname)" != Linux ] || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "bubblewrap is missing: installing Debian's bubblewrap, which isolates student code in grading"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1 \
+	      || echo "could not install bubblewrap: 'k2c doctor' says whether this machine can grade without it"; \
+	  else \
+	    echo "note: bubblewrap is not installed, so student code runs without namespaces (sudo apt-get install bubblewrap)"; \
+	  fi; }
 
 clean:
 	rm -rf docs/_build docs/_generated build *.egg-info

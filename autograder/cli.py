@@ -45,12 +45,13 @@ def _grade(args) -> int:
     from autograder.grading import report
     from autograder.grading.report import write_results
     from autograder.grading.labs import UsageError, all_labs, find_lab
-    from autograder.grading.runner import LabStatus, NoCheckSelected, grade, resolve_tier
+    from autograder.grading.runner import LabStatus, NoCheckSelected, grade, ready_to_grade, resolve_tier
 
     labs = all_labs() if args.lab == "all" else [find_lab(part) for part in args.lab.split(",")]
     if args.list:
         return _list(labs, args.k, args.format)
     tier = resolve_tier(args.tier)
+    ready_to_grade(labs)  # before any check: no score from a machine that cannot grade
     root = Path(args.submission) if args.submission else _default_submission()
     results = []
     for lab in labs:
@@ -111,7 +112,7 @@ def cmd_grade_class(args) -> int:
     lab = find_lab(args.lab)
     tier = resolve_tier(args.tier)
     if not args.slurm:  # with --slurm no student code runs here: each task checks its node (gradebook_slurm)
-        _require_isolation(args.allow_weak_isolation)
+        _require_isolation(lab, args.allow_weak_isolation)
     output = Path(args.output or f"gradebook-{lab.slug}.csv")
     settings = Settings(lab.slug, tier, args.timeout, args.k, args.limit)
     jobs = args.jobs if args.jobs else (None if args.slurm else default_jobs(lab))
@@ -136,16 +137,14 @@ def cmd_grade_class(args) -> int:
     return EXIT_OK
 
 
-def _require_isolation(allow_weak: bool) -> None:
-    """A class is graded where student code cannot read the other students' files, or
-    the solutions: under bubblewrap. The subreaper layer hides no file (autograder.sandbox.isolation)."""
+def _require_isolation(lab, allow_weak: bool) -> None:
+    """A class is graded where this machine can grade at all (the readiness proof), and
+    where student code cannot read the other students' files, or the solutions: under
+    bubblewrap. The subreaper layer hides no file (autograder.sandbox.isolation)."""
     from autograder.grading.labs import UsageError
-    from autograder.sandbox import isolation
+    from autograder.grading.runner import ready_to_grade
 
-    try:
-        layer = isolation.detect()
-    except RuntimeError as exc:
-        raise UsageError(str(exc)) from None
+    layer = ready_to_grade([lab])  # exit 2, with the cause and the remedy, before any row
     if layer.hides_files:
         return
     if not allow_weak:

@@ -58,26 +58,31 @@ def _extra(module: str) -> str:
     return ""
 
 
-def _isolation() -> str:
-    """Which isolation layer grading gets here, and how to get a stronger one."""
+def _isolation() -> tuple[str, bool]:
+    """Which isolation layer grading gets here, proven able to grade every lab (the
+    readiness proof: a fresh Python in it, as the student's user, imports what the labs'
+    calls need), and how to get a stronger one; and whether this machine can grade."""
+    from autograder.grading.labs import UsageError, all_labs
+    from autograder.grading.runner import ready_to_grade
     from autograder.sandbox import isolation
 
     try:
-        found = isolation.detect()
-    except RuntimeError as exc:
-        return f"Isolation: none works here ({exc})"
+        found = ready_to_grade(all_labs())
+    except UsageError as exc:
+        return f"Isolation: ✗ {exc}", False
     line = f"Isolation: {found.layer.value}: {found.describe()}\n  student code could read: {found.readable}"
     if found.layer is not isolation.Layer.BUBBLEWRAP:
         line += ("\n  for namespaces (no network, read-only files, nothing outlives a call): install bubblewrap "
                  "(Debian/Ubuntu: apt-get install bubblewrap), or grade in a container that allows it; "
                  "k2c grade-class refuses this layer unless --allow-weak-isolation")
-    return line
+    return line, True
 
 
-# Run on a node by `k2c doctor`'s srun: the layer grading gets there.
-NODE_PROBE = ("import socket\nfrom autograder.sandbox import isolation\ntry:\n    i = isolation.detect()\n"
+# Run on a node by `k2c doctor`'s srun: the layer grading gets there, proven (autograder.sandbox.readiness).
+NODE_PROBE = ("import socket\nfrom autograder.grading.labs import UsageError, all_labs\n"
+              "from autograder.grading.runner import ready_to_grade\ntry:\n    i = ready_to_grade(all_labs())\n"
               "    print(f'{socket.gethostname()}: {i.layer.value}' + ('' if i.hides_files else ' (hides no file)'))\n"
-              "except RuntimeError as exc:\n    print(f'{socket.gethostname()}: no layer works ({exc})')\n")
+              "except UsageError as exc:\n    print(f'{socket.gethostname()}: cannot grade ({exc})')\n")
 
 
 def _run(command: list[str], timeout_s: float) -> tuple[int | None, str]:
@@ -133,13 +138,13 @@ def _slurm() -> str:
 
 def report() -> tuple[str, bool]:
     """The doctor's text, and whether everything the CPU tier needs is present."""
+    isolation, healthy = _isolation()
     lines = [f"Python {platform.python_version()} ({sys.executable})",
              f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores",
              describe_gpu(),
-             _isolation(),
+             isolation,
              _slurm(),
              ""]
-    healthy = True
     for dist, module, purpose, hint in PACKAGES:
         version = _version(dist)
         if version is None:
@@ -162,5 +167,6 @@ def report() -> tuple[str, bool]:
         lines.append(f"  ✓ {dist:<13} {version:<12} {purpose}" + (f"\n{'':18}{detail}" if detail else ""))
     lines.append("")
     lines.append("Everything the CPU tier needs is here." if healthy
-                 else "Something the course needs is missing: run 'make grade' (it installs everything), or the hints above.")
+                 else "Something the course needs is missing or cannot run: run 'make grade' (it installs everything), "
+                      "or the hints above.")
     return "\n".join(lines) + "\n", healthy

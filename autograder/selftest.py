@@ -1,9 +1,11 @@
 """``k2c selftest [LAB]``: run, once and for real, the stack that grading a lab needs.
 
-``k2c doctor`` reads versions; this runs what a check would: the sandbox's
-isolation layer with one call through it, two MPI ranks that all-reduce, two
-torch processes that all-reduce over gloo, and one kernel compiled for sm_90,
-each only where the lab needs it (its ``lab.toml`` requires). Gradescope's
+``k2c doctor`` reads versions; this runs what a check would: the readiness proof
+(a fresh Python in the sandbox's isolation layer, as the student's user, imports
+what the lab's calls need) and one call through the sandbox; from calls in the
+sandbox, two MPI ranks that all-reduce and two torch processes that all-reduce over
+gloo; one kernel compiled for sm_90; each only where the lab needs it (its
+``lab.toml`` requires). Gradescope's
 ``setup.sh`` runs it, so a missing piece fails the image build with its
 reason instead of every student's grade. Exit status 0 when every probe
 passed, 2 otherwise (the status of a usage error: the machine, not a
@@ -18,28 +20,16 @@ import time
 from autograder.grading.labs import Lab, all_labs
 
 SANDBOX_TIMEOUT_S = 60
-JOB_TIMEOUT_S = 120  # a cold start of torch or MPI on a small machine takes seconds, not minutes
+JOB_CALL_TIMEOUT_S = 300  # the job's own limit (autograder.sandbox.stack_probes), and starting the sandbox
 
 
-def _mpi_probe(comm):
-    """On each MPI rank: the ranks' sum, which needs every rank to have talked."""
-    return comm.allreduce(comm.Get_rank() + 1)
+def check_sandbox(labs: list[Lab]) -> str:
+    """The layer grading gets here, proven: a fresh Python in it, as the student's user,
+    imports what the labs' calls need (autograder.sandbox.readiness); then one call."""
+    from autograder.grading.runner import proven_layer
+    from autograder.sandbox import Limits, Sandbox
 
-
-def _gloo_probe():
-    """On each torch process: an all-reduce over the default (gloo, here) group."""
-    import torch
-    import torch.distributed as dist
-
-    x = torch.tensor([dist.get_rank() + 1.0])
-    dist.all_reduce(x)
-    return float(x.item()), dist.get_backend()
-
-
-def check_sandbox() -> str:
-    from autograder.sandbox import Limits, Sandbox, isolation
-
-    layer = isolation.detect()  # raises RuntimeError with the reason when no layer works
+    layer = proven_layer(labs)  # raises with the cause and the remedy when student code could not run
     with tempfile.TemporaryDirectory(prefix="k2c-selftest-") as folder:
         with Sandbox(folder, Limits(timeout_s=SANDBOX_TIMEOUT_S, memory_mb=1024)) as box:
             outcome = box.call({"submission": folder, "target": {"kind": "module", "module": "math", "func": "hypot"},
@@ -49,27 +39,39 @@ def check_sandbox() -> str:
     return f"{layer.layer.value}: {layer.describe()}"
 
 
-def check_mpi() -> str:
-    from course import mpi
+def _in_sandbox(func: str, env: dict[str, str] | None = None):
+    """Run ``autograder.sandbox.stack_probes.func`` as a call into student code is run."""
+    from autograder.sandbox import Limits, run_call
 
-    job = mpi.run("autograder.selftest:_mpi_probe", 2, timeout=JOB_TIMEOUT_S)
-    job.check()
-    if job.results != [3, 3]:
-        raise RuntimeError(f"2 ranks all-reduced 1 + 2 into {job.results}")
-    return f"2 ranks all-reduced in {job.duration_s:.1f} s ({mpi.mpiexec()})"
-
-
-def check_gloo() -> str:
-    from course import dist
-
-    job = dist.run("autograder.selftest:_gloo_probe", 2, timeout=JOB_TIMEOUT_S, backend="gloo")
-    job.check()
-    if [r[0] for r in job.results] != [3.0, 3.0]:
-        raise RuntimeError(f"2 processes all-reduced 1 + 2 into {job.results}")
-    return f"2 processes all-reduced over {job.results[0][1]} in {job.duration_s:.1f} s"
+    with tempfile.TemporaryDirectory(prefix="k2c-selftest-") as folder:
+        outcome = run_call({"submission": folder, "target": {"kind": "module", "module": "autograder.sandbox.stack_probes",
+                                                             "func": func}, "args": [], "kwargs": {}},
+                           Limits(timeout_s=JOB_CALL_TIMEOUT_S, memory_mb=4096), env)
+    if outcome.status == "raised":
+        raise RuntimeError(outcome.message)
+    if outcome.status != "ok":
+        raise RuntimeError(f"in the sandbox: {outcome.status}: {outcome.message} {outcome.output[-300:]}".strip())
+    return outcome.value
 
 
-def check_compile() -> str:
+def check_mpi(labs: list[Lab]) -> str:
+    from autograder.grading.runner import child_environment
+
+    mpich = next((lab for lab in labs if "mpich" in (lab.requires or ())), None)
+    done = _in_sandbox("mpi_job", child_environment("cpu", mpich))
+    if done["results"] != [3, 3]:
+        raise RuntimeError(f"2 ranks all-reduced 1 + 2 into {done['results']}")
+    return f"2 ranks all-reduced in the sandbox in {done['seconds']:.1f} s ({done['launcher']})"
+
+
+def check_gloo(labs: list[Lab]) -> str:
+    done = _in_sandbox("gloo_job", {"K2C_PRELOAD": "torch,torch.distributed", "OMP_NUM_THREADS": "1"})
+    if [r[0] for r in done["results"]] != [3.0, 3.0]:
+        raise RuntimeError(f"2 processes all-reduced 1 + 2 into {done['results']}")
+    return f"2 processes all-reduced over {done['results'][0][1]} in the sandbox in {done['seconds']:.1f} s"
+
+
+def check_compile(labs: list[Lab]) -> str:
     from course import gpu_compile
 
     kernel = ("@cuda.jit\ndef scale(x):\n    i = cuda.grid(1)\n    if i < x.shape[0]:\n        x[i] *= 2\n")
@@ -82,7 +84,7 @@ def check_compile() -> str:
     return f"a kernel compiled for sm_90 ({result['registers']} registers)"
 
 
-def check_nvrtc() -> str:
+def check_nvrtc(labs: list[Lab]) -> str:
     from course import gpu_compile
 
     why = gpu_compile.nvrtc_unavailable()
@@ -94,7 +96,7 @@ def check_nvrtc() -> str:
     return "CUDA C compiled for sm_90 with NVRTC"
 
 
-def check_torch() -> str:
+def check_torch(labs: list[Lab]) -> str:
     import torch
 
     if float(torch.ones(4).sum()) != 4.0:
@@ -132,16 +134,20 @@ def run(labs: list[Lab] | None = None, stream=None) -> bool:
 
     stream = stream or sys.stdout
     labs = labs if labs is not None else all_labs()
-    healthy = True
+    healthy, sandbox_works = True, True
     for name, needs, probe in probes_for(labs):
         if needs and not any(for_this_platform(dist) for dist in needs):
             stream.write(f"  - {name}: not on this platform ({platform.system()}); its checks skip with the reason\n")
             continue
+        if probe in (check_mpi, check_gloo) and not sandbox_works:
+            stream.write(f"  ✗ {name}: not run: it runs in the sandbox, which does not work here (above)\n")
+            continue
         started = time.monotonic()
         try:
-            line = f"  ✓ {name}: {probe()}"
+            line = f"  ✓ {name}: {probe(labs)}"
         except Exception as exc:  # noqa: BLE001 - whatever stops a probe is the reason to report
             healthy = False
+            sandbox_works &= probe is not check_sandbox
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             line = f"  ✗ {name}: {reason}"
         stream.write(f"{line}  ({time.monotonic() - started:.1f} s)\n")

@@ -11,6 +11,7 @@ import tempfile
 import sys
 import time
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -345,6 +346,8 @@ def _venv_without_mpiexec(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     inner = next((venv / "lib").glob("python3*/site-packages"))
     (inner / "k2c-parent.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    for library in [*Path(sys.prefix, "lib").glob("libmpi*"), Path(sys.prefix, "lib", "mpich")]:
+        (venv / "lib" / library.name).symlink_to(library)  # mpich's library did install (mpi4py loads it)
     path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
                            if not (os.path.exists(os.path.join(p, "mpiexec"))))
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME")}

@@ -148,6 +148,47 @@ def resolve_tier(requested: str) -> str:
 PRELOAD = {"torch": ("torch", "torch.distributed", "torch._dynamo"), "numba": ("numba", "numba.cuda")}
 
 
+# What a call imports for each distribution a lab requires: the readiness proof
+# (autograder.sandbox.readiness) imports these in a fresh Python, as the student's user,
+# before any check runs. The compilers' wheels are folders of programs: their package
+# folder proves them readable.
+IMPORTS = {"numba": ("numba",), "numba-cuda": ("numba.cuda",), "cuda-bindings": ("cuda.bindings",),
+           "nvidia-cuda-nvcc-cu12": ("nvidia.cuda_nvcc",), "nvidia-cuda-nvrtc-cu12": ("nvidia.cuda_nvrtc",),
+           "nvidia-cuda-runtime-cu12": ("nvidia.cuda_runtime",), "torch": ("torch", "torch.distributed"),
+           "mpi4py": ("mpi4py.MPI",)}
+
+
+def ready_to_grade(labs: list[Lab]) -> isolation.Isolation:
+    """The isolation layer that grades ``labs`` here, once proven able to: raises
+    ``IncompleteEnvironment`` (exit 2) with the cause and the remedy when this machine
+    lacks a package the labs need, or when student code could not import what they need
+    (``proven_layer``): no score from a machine that cannot grade."""
+    for lab in labs:
+        lacking = missing_stack(lab)
+        if lacking:
+            raise IncompleteEnvironment(f"this machine cannot grade lab {lab.slug}: {lacking}")
+    return proven_layer(labs)
+
+
+def proven_layer(labs: list[Lab]) -> isolation.Isolation:
+    """The strongest isolation layer here, in which a fresh Python, as the student's user,
+    imports what the calls of ``labs`` need (``autograder.sandbox.readiness``)."""
+    from autograder.sandbox import readiness
+
+    try:
+        layer = isolation.detect()
+    except RuntimeError as exc:
+        raise IncompleteEnvironment(str(exc)) from None
+    modules = tuple(dict.fromkeys(m for lab in labs for dist in (lab.requires if lab.requires is not None else IMPORTS)
+                                  if for_this_platform(dist) for m in IMPORTS.get(dist, ())))
+    try:
+        readiness.prove(layer, modules)
+    except readiness.Unready as exc:
+        raise IncompleteEnvironment(f"this machine cannot grade {', '.join(lab.number for lab in labs)}: {exc}") \
+            from None
+    return layer
+
+
 def child_environment(tier: str, lab: Lab | None = None) -> dict[str, str]:
     env = {"K2C_TIER": tier}
     if lab and lab.refuse:
@@ -270,13 +311,7 @@ def list_checks(lab: Lab, select: str | None = None) -> list[CheckInfo]:
 
 def _grade_folder(lab, folder, graded, missing, tier, timeout_s, select, on_result, start,
                   sandbox_for=None) -> LabResult:
-    try:
-        layer = isolation.detect()
-    except RuntimeError as exc:
-        raise UsageError(str(exc)) from None
-    lacking = missing_stack(lab)
-    if lacking:
-        raise IncompleteEnvironment(f"this machine cannot grade lab {lab.slug}: {lacking}")
+    layer = ready_to_grade([lab])
     limits = Limits(timeout_s=timeout_s or lab.timeout_s, memory_mb=lab.memory_mb,
                     address_space=(tier == "cpu"), devices=(tier == "gpu"))
     submission = Submission(graded, lab.checks_dir / "harness.py", tier, limits, child_environment(tier, lab),

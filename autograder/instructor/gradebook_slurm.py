@@ -183,17 +183,19 @@ def _row_name(student: str) -> str:
     return student.replace("/", "_")
 
 
-def node_refusal(allow_weak_isolation: bool) -> str:
-    """Why this node must not grade ("" when it may): no layer that hides the other
-    students' files (bubblewrap), unless the instructor allowed the weaker one."""
+def node_refusal(lab_slug: str, allow_weak_isolation: bool) -> str:
+    """Why this node must not grade ("" when it may): it cannot grade the lab at all (the
+    readiness proof), or it gives no layer that hides the other students' files
+    (bubblewrap), unless the instructor allowed the weaker one."""
     import socket
 
-    from autograder.sandbox import isolation
+    from autograder.grading.labs import UsageError, find_lab
+    from autograder.grading.runner import ready_to_grade
 
     try:
-        layer = isolation.detect()
-    except RuntimeError as exc:
-        return f"node {socket.gethostname()} cannot isolate student code: {exc}"
+        layer = ready_to_grade([find_lab(lab_slug)])
+    except UsageError as exc:
+        return f"node {socket.gethostname()} cannot grade: {exc}"
     if layer.hides_files or allow_weak_isolation:
         return ""
     return (f"node {socket.gethostname()} grades under the {layer.layer.value} layer, where student code could read "
@@ -204,7 +206,7 @@ def run_task(manifest: Path, index: int) -> int:
     data = json.loads(Path(manifest).read_text())
     settings = Settings(**data["settings"])
     rows = Path(manifest).parent / "rows"
-    refused = node_refusal(data.get("allow_weak_isolation", False))
+    refused = node_refusal(settings.lab, data.get("allow_weak_isolation", False))
     for item in data["chunks"][index]:
         student, folder, sha = item["student"], Path(item["folder"]), item["digest"]
         if refused:

@@ -115,8 +115,8 @@ def course_modules(lab: Lab, repo: Path = REPO) -> list[str]:
     """The course modules grading ``lab`` imports, directly or through one another
     (``course/__init__.py`` always: importing any of them runs it)."""
     course = repo / "course"
-    # Not selftest.py: it probes only what the lab requires, through the modules the lab's own files import.
-    files = [p for p in grader_sources() if p.name != "selftest.py"] + sorted(lab.checks_dir.glob("*.py")) \
+    # Not the self-test's: it probes only what the lab requires, through the modules the lab's own files import.
+    files = [p for p in grader_sources() if p.name not in ("selftest.py", "stack_probes.py")] + sorted(lab.checks_dir.glob("*.py")) \
         + lab_sources(lab, repo)
     wanted, queue = {"__init__"}, [course / "__init__.py"] + files
     while queue:

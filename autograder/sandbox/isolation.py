@@ -39,10 +39,10 @@ to run when it does not work here.
 from __future__ import annotations
 
 import enum
+import fnmatch
 import functools
 import os
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 
@@ -191,7 +191,26 @@ def _linked_from_environment() -> frozenset[str]:
             path = os.path.join(folder, name)
             if os.path.islink(path):
                 found.add(os.path.dirname(os.path.realpath(path)))
+            elif name.endswith(".pth"):
+                found.update(_pth_folders(path))
     return frozenset(found)
+
+
+def _pth_folders(pth: str) -> list[str]:
+    """The folders a site-packages ``.pth`` file adds to ``sys.path`` (an environment that
+    layers itself over another's packages), but never the checkout that holds the course
+    (an editable install's): its toolkit and grader are bound part by part (``_child_code``)."""
+    try:
+        with open(pth, encoding="utf-8", errors="replace") as f:
+            lines = [line.strip() for line in f]
+    except OSError:
+        return []
+    folders = [os.path.realpath(os.path.join(os.path.dirname(pth), line)) for line in lines
+               if line and not line.startswith(("#", "import ", "import\t"))]
+    # Another environment's site-packages: that whole environment (its lib/ holds the MPI library).
+    folders = [os.path.dirname(os.path.dirname(os.path.dirname(f)))
+               if fnmatch.fnmatch(f, "*/lib/python3*/site-packages") else f for f in folders]
+    return [f for f in folders if os.path.isdir(f) and not _under(PACKAGE_ROOT, f)]
 
 
 
@@ -247,33 +266,26 @@ def mounts(scratch: str, expose: list[str], devices: bool) -> list[str]:
 
 
 def _candidates(requested: str | None) -> list[Isolation]:
-    users = [NOBODY, (None, None)] if os.geteuid() == 0 else [(None, None)]
+    """The layers to try, strongest first. As root, never the subreaper layer as root:
+    without namespaces root keeps every capability, and could rewrite the grader."""
     layers = [Layer(requested)] if requested else list(Layer)
-    return [Isolation(layer, uid, gid) for layer in layers for uid, gid in users]
+    if os.geteuid() != 0:
+        return [Isolation(layer, None, None) for layer in layers]
+    return [Isolation(layer, uid, gid) for layer in layers for uid, gid in (NOBODY, (None, None))
+            if layer is Layer.BUBBLEWRAP or uid is not None]
 
 
 def _probe(isolation: Isolation) -> str:
-    """"" when a trivial call works under ``isolation``, else why not."""
+    """"" when this layer can grade here, else why not: a fresh Python in it, as its user,
+    imports the toolkit and the sandbox's server (``autograder.sandbox.readiness``)."""
     if isolation.layer is Layer.BUBBLEWRAP and not shutil.which("bwrap"):
         return "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
-    import tempfile
+    from autograder.sandbox import readiness
 
-    with tempfile.TemporaryDirectory(prefix="k2c-probe-") as scratch:
-        if isolation.uid is not None:
-            os.chown(scratch, isolation.uid, isolation.gid)
-        os.chmod(scratch, 0o711)  # bubblewrap, without capabilities, must enter it
-        inner = [sys.executable, "-c", "import os, autograder.sandbox.reaper as r; r.drop_privileges(os.environ['K2C_RUN_AS']); "
-                 "import autograder.sandbox.child, course"]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")])),
-                   **isolation.child_env(scratch))
-        try:
-            done = subprocess.run(isolation.command(inner, scratch, needed_paths(), devices=False),
-                                  cwd=scratch, env=env, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"{isolation.layer.value} did not start: {exc}"
-    if done.returncode != 0:
-        last = (done.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
-        return f"{isolation.layer.value} as {isolation.user} failed here: {last}"
+    try:
+        readiness.prove(isolation)
+    except readiness.Unready as exc:
+        return f"{isolation.layer.value}: {exc}"
     return ""
 
 
@@ -288,5 +300,6 @@ def detect() -> Isolation:
         why = _probe(candidate)
         if not why:
             return Isolation(candidate.layer, candidate.uid, candidate.gid, "; ".join(reasons))
-        reasons.append(why)
-    raise RuntimeError("no isolation layer works on this machine: " + "; ".join(reasons))
+        if why not in reasons:
+            reasons.append(why)
+    raise RuntimeError("this machine cannot grade: no isolation layer works here: " + "; ".join(reasons))

@@ -5,6 +5,9 @@
 its request: from then on it has no groups, no capabilities and no way to gain
 privileges again (``PR_SET_NO_NEW_PRIVS``).
 
+``python -m autograder.sandbox.reaper --exec-as UID:GID -- COMMAND…`` becomes that
+user, then COMMAND (the readiness proof's fresh interpreter).
+
 ``python -m autograder.sandbox.reaper -- COMMAND…`` is the supervisor for machines
 without namespaces. It makes itself a child subreaper
 (``PR_SET_CHILD_SUBREAPER``), so every process the student's code starts comes
@@ -62,7 +65,23 @@ def kill_and_reap_all() -> None:
             time.sleep(0.002)
 
 
+def exec_as(run_as: str, command: list[str]) -> int:
+    """Become ``run_as`` ("UID:GID"), then become ``command``: a program started as the
+    student's user from its first instruction (autograder.sandbox.readiness). Returns
+    only when it cannot be started: 126, as a shell says "found but cannot run"."""
+    drop_privileges(run_as)
+    try:
+        os.execv(command[0], command)
+    except OSError as exc:
+        print(f"cannot run {command[0]} as uid {run_as.split(':')[0]}: {exc.strerror}", file=sys.stderr)
+    return 126
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--exec-as"]:
+        _, run_as, sep, *command = argv
+        assert sep == "--" and command, "usage: python -m autograder.sandbox.reaper --exec-as UID:GID -- COMMAND…"
+        return exec_as(run_as, command)
     sep, *command = argv
     assert sep == "--" and command, "usage: python -m autograder.sandbox.reaper -- COMMAND…"
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # dies with the grader
