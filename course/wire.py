@@ -94,8 +94,8 @@ def available() -> str:
 
 
 def _dump(family: int):
-    """(local port, remote port, inode, bytes sent, bytes received) of every TCP
-    socket between two loopback addresses, or from an address to itself."""
+    """(local port, remote port, inode, bytes sent, bytes received, owner's uid) of every
+    TCP socket between two loopback addresses, or from an address to itself."""
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG) as nl:
         request = _REQUEST.pack(family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), ALL_STATES, b"")
         nl.send(_HEADER.pack(_HEADER.size + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, 1, 0)
@@ -119,7 +119,7 @@ def _parse(body: bytes):
     fields = _MESSAGE.unpack_from(body)
     if not (_loopback(fields[6]) and _loopback(fields[7]) or fields[6] == fields[7]):
         return None  # a connection leaving this machine (one to itself may use any of its addresses)
-    sport, dport, inode = int.from_bytes(fields[4], "big"), int.from_bytes(fields[5], "big"), fields[14]
+    sport, dport, uid, inode = int.from_bytes(fields[4], "big"), int.from_bytes(fields[5], "big"), fields[13], fields[14]
     sent = received = 0
     offset = _MESSAGE.size
     while offset + 4 <= len(body):
@@ -134,7 +134,7 @@ def _parse(body: bytes):
             if len(info) >= BYTES_RECEIVED + 8:
                 received = struct.unpack_from("=Q", info, BYTES_RECEIVED)[0]
         offset += (length + 3) & ~3
-    return sport, dport, inode, sent, received
+    return sport, dport, inode, sent, received, uid
 
 
 class Connections:
@@ -144,22 +144,32 @@ class Connections:
     def __init__(self):
         self.before: set = set()  # connections that were there before the job: not its
         self.sent: dict = {}  # (local port, remote port, inode) -> bytes sent
+        self.owner: dict = {}  # (local port, remote port, inode) -> the uid of the socket's owner
         self.started = False
 
     def sample(self) -> None:
         seen = set()
         for family in (socket.AF_INET, socket.AF_INET6):
-            for sport, dport, inode, sent, _ in _dump(family):
+            for sport, dport, inode, sent, _, uid in _dump(family):
                 key = (sport, dport, inode)
                 seen.add(key)
                 if not self.started:
                     self.before.add(key)
                 elif key not in self.before and dport:
                     self.sent[key] = max(sent, self.sent.get(key, 0))
+                    self.owner[key] = uid
         self.started = True
 
     def bytes_sent(self) -> int:
         return sum(self.sent.values())
+
+    def bytes_sent_by_uid(self) -> dict:
+        """{uid: bytes sent over the connections that user's sockets hold}: per rank, where
+        each rank has a user of its own (``autograder.sandbox.rank_isolation``)."""
+        found: dict = {}
+        for key, sent in self.sent.items():
+            found[self.owner[key]] = found.get(self.owner[key], 0) + sent
+        return found
 
     def as_dict(self) -> dict:
         return {"bytes": self.bytes_sent(), "connections": len(self.sent)}

@@ -9,6 +9,7 @@ grading plugin turns into a status and a message a student can act on.
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -171,6 +172,28 @@ class Submission:
 
     def harness(self, func: str, *args, **kwargs):
         return self._run({"kind": "harness", "path": str(self.harness_path), "func": func}, args, kwargs)
+
+    def rank_job(self, kind: str, func: str, inputs: list, *, timeout: float, idle_timeout: float | None = None,
+                 count_wire: bool = False, env: dict | None = None):
+        """Run the harness's rank function ``func`` on ``len(inputs)`` ranks (``kind``: "torch"
+        or "mpi"), rank r receiving ``inputs[r]`` alone (``autograder.sandbox.ranks``); the
+        decoded ``autograder.grading.rank_jobs.RankJob``. Raises ``SubmissionError`` only when
+        the launcher itself failed; a job that hung or raised comes back with its status."""
+        import shutil
+
+        from autograder.grading.rank_jobs import decode
+        from autograder.sandbox import codec
+
+        if self._sandbox is None:
+            self._sandbox = (self.sandbox_for or Sandbox)(str(self.path), self.limits, self.env)
+        paths = self._sandbox.stage_rank_inputs([codec.encode(part) for part in inputs])
+        job = {"kind": kind, "target": f"{self.harness_path}:{func}", "n": len(inputs), "inputs": paths,
+               "timeout": timeout, "idle_timeout": idle_timeout, "count_wire": count_wire, "env": env or {}}
+        try:
+            value = self._run({"kind": "ranks", "job": job}, [], {})
+        finally:
+            shutil.rmtree(os.path.dirname(paths[0]), ignore_errors=True)
+        return decode(kind, value)
 
     def _run(self, target: dict, args, kwargs):
         request = {"submission": str(self.path), "target": target, "args": list(args), "kwargs": kwargs,

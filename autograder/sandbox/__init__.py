@@ -245,6 +245,9 @@ class Sandbox:
         os.mkdir(self._harnesses, 0o755)
         self._harness_copies: dict[str, str] = {}
         self._copies = 0
+        # Each rank job's inputs, a file per rank that only that rank's user may read (stage_rank_inputs).
+        self._jobs = os.path.join(self._tmp, "jobs")
+        os.mkdir(self._jobs, 0o711)
         read_end, write_end = os.pipe()
         child_env = dict(os.environ)
         child_env.update(self.env)
@@ -265,7 +268,7 @@ class Sandbox:
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [isolation.PACKAGE_ROOT, child_env.get("PYTHONPATH")]))
         # -P: no folder the student can write (the scratch folder it starts in) on its sys.path; -s: nor theirs.
         command = self.layer.command([sys.executable, "-P", "-s", "-m", "autograder.sandbox.child"], scratch,
-                                     [self._staging, self._harnesses], self.limits.devices)
+                                     [self._staging, self._harnesses, self._jobs], self.limits.devices)
         self._log_path = os.path.join(self._tmp, "output.txt")
         with open(self._log_path, "wb") as out:
             self._proc = subprocess.Popen(
@@ -325,8 +328,12 @@ class Sandbox:
             except RuntimeError as exc:
                 return Outcome("crashed", message=str(exc))
         request = dict(request, submission=self._copy_of(request.get("submission") or self.submission))
-        if request.get("target", {}).get("kind") == "harness":
-            request["target"] = dict(request["target"], path=self._harness_copy(request["target"]["path"]))
+        target = request.get("target", {})
+        if target.get("kind") == "harness":
+            request["target"] = dict(target, path=self._harness_copy(target["path"]))
+        elif target.get("kind") == "ranks":  # the rank function is a harness's, as "path.py:function"
+            path, _, func = target["job"]["target"].rpartition(":")
+            request["target"] = dict(target, job=dict(target["job"], target=f"{self._harness_copy(path)}:{func}"))
         with open(self._log_path, "rb") as log:
             offset = log.seek(0, os.SEEK_END)
         start = time.monotonic()
@@ -377,6 +384,30 @@ class Sandbox:
                     os.chmod(os.path.join(copy, name), 0o644)
             self._harness_copies[folder] = copy
         return os.path.join(self._harness_copies[folder], os.path.basename(path))
+
+    def stage_rank_inputs(self, payloads: list[bytes]) -> list[str]:
+        """Write each rank's inputs (codec bytes) to a file of the sandbox that only that
+        rank may read (``autograder.sandbox.rank_isolation.uid_of``, where the ranks get
+        users of their own); their paths, as the ranks see them. Starts the sandbox."""
+        from autograder.sandbox import rank_isolation
+
+        if self._proc is None:
+            self._start()
+        folder = tempfile.mkdtemp(prefix="job-", dir=self._jobs)
+        os.chmod(folder, 0o711)
+        paths = []
+        for rank, payload in enumerate(payloads):
+            path = os.path.join(folder, f"rank-{rank}.k2c")
+            with open(path, "wb") as f:
+                f.write(payload)
+            if self.layer.ranks_apart:
+                uid = rank_isolation.uid_of(rank)
+                os.chown(path, uid, uid)
+                os.chmod(path, 0o400)
+            else:
+                os.chmod(path, 0o600)  # the ranks run as the grader's own user
+            paths.append(path)
+        return paths
 
     def forget(self, submission: str) -> None:
         """Remove the copy of ``submission``: a later call into it gets a fresh one."""

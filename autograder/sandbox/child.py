@@ -94,6 +94,24 @@ def run(request: dict) -> dict:
                 "where": _where(exc.__traceback__, submission)}
 
 
+def _launch(request: dict, reply_fd: int) -> None:
+    """A rank job's launcher (``autograder.sandbox.ranks``): course code only, which imports
+    nothing of the student's and keeps the server's privileges to give each rank a user of
+    its own; the ranks it starts run the student's code. Never returns."""
+    from autograder.sandbox import ranks
+
+    try:
+        os.chdir("/")
+        reply = {"status": "ok", "value": ranks.launch(dict(request["target"]["job"], submission=request["submission"]))}
+    except BaseException as exc:  # noqa: BLE001 - the launcher's own failure: the grader's problem, said so
+        reply = {"status": "crashed", "message": f"the rank launcher failed: {type(exc).__name__}: {exc}"}
+    with os.fdopen(reply_fd, "wb") as out:
+        out.write(codec.encode(reply))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def _call(request: dict, reply_fd: int, flags_fd: int, server_fds: tuple[int, ...], run_as: str,
           reads: tuple[list[str], list[str]]) -> None:
     """The forked child: one call, as the student's user. Never returns."""
@@ -103,6 +121,9 @@ def _call(request: dict, reply_fd: int, flags_fd: int, server_fds: tuple[int, ..
         for fd in server_fds:
             os.close(fd)  # its pipe to the grader: the student's code must never hold it
         sys.stdin = open(os.devnull)
+        if request.get("target", {}).get("kind") == "ranks":
+            os.close(flags_fd)
+            _launch(request, reply_fd)
         drop_privileges(run_as)  # before anything of the student's is read
         if request.get("simulator"):
             # The CUDA simulator runs every CUDA thread of a block as a Python thread:

@@ -111,8 +111,15 @@ class Isolation:
     def hides_files(self) -> bool:
         return self.layer is Layer.BUBBLEWRAP
 
+    @property
+    def ranks_apart(self) -> bool:
+        """Whether the ranks of a job get users, ``/tmp`` and ``/dev/shm`` of their own
+        (``autograder.sandbox.rank_isolation``): only where the grader is root."""
+        return self.uid is not None
+
     def as_dict(self) -> dict:
-        return {"layer": self.layer.value, "user": self.user, "detail": self.describe(), "readable": self.readable}
+        return {"layer": self.layer.value, "user": self.user, "detail": self.describe(), "readable": self.readable,
+                "ranks_apart": self.ranks_apart}
 
     def command(self, inner: list[str], scratch: str, expose: list[str], devices: bool) -> list[str]:
         """The command line that runs ``inner`` (a Python command) isolated, in ``scratch``,
@@ -123,10 +130,14 @@ class Isolation:
                 "--unshare-pid", "--unshare-net", "--unshare-ipc",
                 *mounts(scratch, expose, devices)]
         # The server (autograder.sandbox.child) keeps only what it needs to make each call's child
-        # nobody, which has no capabilities at all, and to kill what that child leaves.
+        # nobody, which has no capabilities at all, and to kill what that child leaves; and to give
+        # each rank of a job (autograder.sandbox.ranks) a user and mounts of its own
+        # (autograder.sandbox.rank_isolation: CAP_SYS_ADMIN, for its namespaces and private /tmp).
+        # None of the student's code runs with them.
         args += ["--cap-drop", "ALL"]
         if self.uid is not None:
-            args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_KILL"]
+            args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_KILL",
+                     "--cap-add", "CAP_SYS_ADMIN"]
         return args + ["--chdir", "/tmp", "--", *inner]
 
     def child_env(self, scratch: str) -> dict[str, str]:

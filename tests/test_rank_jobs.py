@@ -1,0 +1,83 @@
+"""Rank jobs (autograder.sandbox.ranks): each rank receives only its own inputs, shares
+nothing with its peers but the network, and what the grader reads is measured from outside."""
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autograder.grading.labs import find_lab
+from autograder.grading.rank_jobs import crossed_in_phases, per_rank_in_phase, run_cases
+from autograder.grading.runner import child_environment
+from autograder.grading.submission import Submission
+from autograder.sandbox import Limits, isolation
+
+FIXTURE = Path(__file__).parent / "fixtures" / "rank_jobs"
+
+
+def _submission(lab):
+    return Submission(FIXTURE, FIXTURE / "harness.py", "cpu", Limits(timeout_s=120, memory_mb=6144),
+                      child_environment("cpu", find_lab(lab)))
+
+
+@pytest.fixture(scope="module")
+def pried():
+    """One MPI job of 3 ranks, each of which tries to read the others' inputs (their paths are
+    no secret), to leave them files, and to reach them other than over the network."""
+    submission = _submission("06")
+    try:
+        rng = np.random.default_rng(7)
+        parts = [rng.integers(-100, 100, 20_000) for _ in range(3)]
+        job = submission.rank_job("mpi", "mpi_rank", [[{"case": "sum", "x": part}] for part in parts], timeout=60,
+                                  count_wire=True)
+        return job, parts
+    finally:
+        submission.close()
+
+
+def test_each_rank_has_a_user_a_tmp_and_a_dev_shm_of_its_own(pried):
+    job, parts = pried
+    assert job.status == "ok", job.explain()
+    seen = [outputs[0] for outputs in job.outputs]
+    for rank, rank_saw in enumerate(seen):
+        np.testing.assert_array_equal(rank_saw["sum"], sum(parts))  # the work, done over the network
+        assert rank_saw["write_tmp"] == "done" and rank_saw["write_shm"] == "done"
+        if isolation.detect().ranks_apart:
+            assert rank_saw["uid"] == 64000 + rank
+            assert all(read.startswith("refused") for read in rank_saw["read_peer_inputs"]), rank_saw
+            assert rank_saw["peers_files"] == sorted([*rank_saw["tmp_before"], "shared-by-rank"])  # its own alone
+            assert rank_saw["signal_parent"].startswith("refused") and rank_saw["parent_environ"].startswith("refused")
+        assert rank_saw["unix_socket"].startswith("refused") and rank_saw["udp"].startswith("refused")
+        assert rank_saw["fork"].startswith("refused")
+    if isolation.detect().ranks_apart:
+        assert job.kept_apart == ""
+        assert len({s["uid"] for s in seen}) == 3
+
+
+def test_the_launcher_measures_bytes_per_rank_and_peak_memory(pried):
+    job, parts = pried
+    crossed = crossed_in_phases(job, "sum", ["done"])
+    if "unavailable" in crossed:
+        pytest.skip(crossed["unavailable"])
+    nbytes = parts[0].nbytes
+    assert 2 * (3 - 1) / 3 * nbytes * 3 <= crossed["done"] <= 3 * 2 * nbytes  # a ring or better, all ranks
+    if isolation.detect().ranks_apart:
+        per_rank = per_rank_in_phase(job, "sum", "done")
+        assert all(sent >= (3 - 1) / 3 * nbytes for sent in per_rank), per_rank
+    held = [peak - base for peak, base in zip(job.peak_bytes, job.baseline_bytes)]
+    assert all(h >= 90 * 2**20 for h in held), held  # the 96 MiB each held, clear_refs notwithstanding
+    assert job.memory_tampered == []
+
+
+def test_run_cases_reports_the_case_that_failed_and_runs_the_rest():
+    submission = _submission("08")
+    try:
+        cases = [("ok-1", "ok"), ("stub", "stub"), ("ok-2", "ok"), ("hang", "hang"), ("ok-3", "ok")]
+        out = run_cases(submission, "torch", "torch_rank", cases, lambda c: 2,
+                        lambda c, r: {"what": c[1], "rank": r}, key=lambda c: c[0], timeout=60, idle_timeout=3)
+    finally:
+        submission.close()
+    assert out["ok-1"]["status"] == out["ok-2"]["status"] == out["ok-3"]["status"] == "ok"
+    assert [r["rank"] for r in out["ok-3"]["records"]] == [0, 1]
+    assert out["stub"]["status"] == "not_implemented" and "torch_step" in out["stub"]["message"]
+    assert out["hang"]["status"] == "timeout" and "likely deadlock" in out["hang"]["message"]
