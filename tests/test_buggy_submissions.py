@@ -1,4 +1,5 @@
-"""Each realistic bug loses exactly the points of the checks it names, and no others.
+"""Each realistic bug, and each shortcut written by reading the checks, loses exactly the
+points of the checks it names, and no others.
 
 Bugs live in ``tests/fixtures/buggy*.py`` (one ``BUGS`` list per file); every
 file found there is collected, so a new lab adds its own file. A lab's bugs are
@@ -9,6 +10,9 @@ import pytest
 from conftest import fixture_params, fixtures, statuses
 
 BUGS, IDS = fixtures("buggy*", "BUGS")
+# Shortcuts written by reading the checks (tests/fixtures/shortcut_NN.py) are graded the same way.
+SHORTCUTS, SHORTCUT_IDS = fixtures("shortcut*", "SHORTCUTS")
+BUGS, IDS = BUGS + SHORTCUTS, IDS + [f"shortcut {name}" for name in SHORTCUT_IDS]
 
 
 @pytest.mark.slow

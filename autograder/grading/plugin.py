@@ -52,9 +52,11 @@ def _status_and_feedback(excinfo) -> tuple[str, str]:
 
 
 class GradingPlugin:
-    def __init__(self, submission: Submission, tier: str, missing: str | None = None, on_result=None):
+    def __init__(self, submission: Submission, tier: str, missing: str | None = None, on_result=None,
+                 seed: int = 0):
         self._submission = submission
         self._tier = tier
+        self.grading_seed = seed
         self._missing = missing
         self._on_result = on_result
         self.results: list[CheckResult] = []
@@ -71,6 +73,12 @@ class GradingPlugin:
     @pytest.fixture
     def tier(self) -> str:
         return self._tier
+
+    @pytest.fixture
+    def seed(self) -> int:
+        """This grading's secret seed (``autograder.grading.seeds``): the graded cases' inputs
+        come from it, in the grader."""
+        return self.grading_seed
 
     @pytest.fixture
     def metrics(self, request) -> dict:

@@ -38,7 +38,8 @@ class RankJob:
     peak_bytes: list = field(default_factory=list)  # per rank: VmHWM (or the most VmRSS sampled) at its last mark
     baseline_bytes: list = field(default_factory=list)  # per rank: VmRSS once it had read its inputs
     wire: dict = field(default_factory=dict)  # {"bytes", "connections"} in all, or {"unavailable": why}
-    kept_apart: str = ""  # "" where each rank had a user, /tmp and /dev/shm of its own; else why not
+    kept_apart: str = ""  # "" where each rank had a user, /tmp and /dev/shm of its own; else what was shared
+    own_users: bool = False  # each rank had a user of its own: its sockets' bytes are its own
     duration_s: float = 0.0
     timeout_s: float = 0.0
     idle_s: float = 0.0
@@ -55,6 +56,8 @@ class RankJob:
             return (f"{stopped}: likely deadlock: rank(s) {waiting} never finished "
                     f"(finished: {self.finished or 'none'}); every rank was stopped. {_HANGS[self.kind]}")
         failed = [(r, e) for r, e in enumerate(self.errors) if e]
+        if self.status == "infrastructure":
+            return next(e["message"] for _, e in failed if e["status"] == "infrastructure")
         if failed:
             rank, error = next(((r, e) for r, e in failed if e["status"] == "not_implemented"), failed[0])
             if error["status"] == "not_implemented":
@@ -88,14 +91,15 @@ def decode(kind: str, value: dict) -> RankJob:
         errors=[r["error"] for r in value["ranks"]], finished=list(value["finished"]),
         marks={m[0]: (m[1], m[2]) for m in value["marks"]},
         peak_bytes=[r["peak_bytes"] for r in value["ranks"]], baseline_bytes=[r["baseline_bytes"] for r in value["ranks"]],
-        wire=value["wire"], kept_apart=value["kept_apart"], duration_s=value["duration_s"],
+        wire=value["wire"], kept_apart=value["kept_apart"], own_users=value["own_users"],
+        duration_s=value["duration_s"],
         timeout_s=value["timeout_s"], idle_s=value["idle_s"], stopped=value["stopped"],
         memory_tampered=[r for r, rank in enumerate(value["ranks"]) if rank["hwm_below_sampled"]])
 
 
 def run_cases(submission, kind: str, target: str, cases: list, ranks_of, part_of, *, key=str, timeout: float,
               idle_timeout: float | None = None, count_wire: bool = False, after_hang=None, explain=None,
-              env: dict | None = None) -> dict:
+              env: dict | None = None, everyone: bool = False) -> dict:
     """``{key(case): outcome}`` for every case: ``{"status": "ok", "records": [rank 0's, ...],
     "job": RankJob}``, or ``{"status", "message"}`` for the case a job failed on.
 
@@ -104,13 +108,15 @@ def run_cases(submission, kind: str, target: str, cases: list, ranks_of, part_of
     data), which it alone receives. ``target``: the harness's rank function, "name"
     (``harness.py`` of the lab) that takes rank r's list of ``{"case": key, **part}`` and
     emits ``{"case": key, ...}`` per case. ``after_hang(case, pending)``: the pending cases
-    not worth running once ``case`` hung; they are reported as not run."""
+    not worth running once ``case`` hung; they are reported as not run. ``everyone``: every
+    rank of the job gets an entry for every case, ``part_of(case, rank)`` for a rank that takes
+    no part too (an MPI job's ranks all call ``Split`` for each case's communicator)."""
     explain = explain or (lambda job: job.explain())
     outcomes, pending = {}, list(cases)
     while pending:
         n = max(ranks_of(case) for case in pending)
-        inputs = [[{"case": key(case), **part_of(case, rank)} for case in pending if rank < ranks_of(case)]
-                  for rank in range(n)]
+        inputs = [[{"case": key(case), **part_of(case, rank)} for case in pending
+                   if everyone or rank < ranks_of(case)] for rank in range(n)]
         job = submission.rank_job(kind, target, inputs, timeout=timeout, idle_timeout=idle_timeout,
                                   count_wire=count_wire, env=env)
         records = [{record.get("case"): record for record in rank_outputs if isinstance(record, dict)}
@@ -156,6 +162,6 @@ def per_rank_in_phase(job: RankJob, case: str, phase: str, previous: str = "star
     """What each rank sent between the marks ``f"{case}:{previous}"`` and ``f"{case}:{phase}"``,
     by the kernel's count of its own sockets; None where not counted."""
     before, after = job.marks.get(f"{case}:{previous}"), job.marks.get(f"{case}:{phase}")
-    if not before or not after or before[1] is None or after[1] is None:
-        return None
+    if not job.own_users or not before or not after or before[1] is None or after[1] is None:
+        return None  # ranks that share the grader's user: their sockets cannot say whose they are
     return [b - a for a, b in zip(before[1], after[1])]

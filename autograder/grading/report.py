@@ -88,6 +88,8 @@ def text(results: list[LabResult]) -> str:
                                             subsequent_indent="    ") or [""]
                     lines.extend(" " * 19 + w for w in wrapped)
         lines.append(f"  Score: {_pts(r.score)}/{_pts(r.max_score)}   ({r.duration_s:.1f} s)")
+        if r.seed is not None:
+            lines.append(f"  graded inputs drawn from seed {r.seed} (K2C_GRADING_SEED={r.seed} draws them again)")
         lines.extend(_flag_lines(r))
         lines.append("")
     if len(results) > 1:
@@ -107,6 +109,7 @@ def _lab_json(r: LabResult) -> dict:
         "score": r.score, "max_score": r.max_score, "duration_s": round(r.duration_s, 3),
         "student_s": round(r.student_s, 3),
         "isolation": r.isolation, "checks_sha256": r.checks_digest,
+        **({"seed": str(r.seed)} if r.seed is not None else {}),
         "flags": [f.as_dict() for f in r.flags],
         "tests": [{"name": c.name, "title": c.title, "points": c.points, "max_points": c.max_points,
                    "status": c.status, "feedback": c.feedback, "duration_s": round(c.duration_s, 3),
@@ -195,6 +198,7 @@ def gradescope(results: list[LabResult]) -> str:
         "stdout_visibility": "hidden",
         "extra_data": {"isolation": results[0].isolation if results else {},
                        "checks_sha256": {r.lab: r.checks_digest for r in results},
+                       "seed": {r.lab: str(r.seed) for r in results if r.seed is not None},
                        "status": {r.lab: r.status.value for r in results}},
         "tests": tests,
     }

@@ -15,7 +15,7 @@ import pytest
 
 from autograder.sandbox import isolation
 from autograder.grading.labs import Found, Lab, Unreadable, UsageError, locate, unpack, with_used_files
-from autograder.grading import flags
+from autograder.grading import flags, seeds
 from autograder.grading.plugin import CheckResult, GradingPlugin, check_title, register_marks
 from autograder.sandbox import Limits
 from autograder.grading.submission import Submission
@@ -111,6 +111,7 @@ class LabResult:
     searched: tuple[str, ...] = ()  # missing: the folders looked in, relative to the submission
     missing_max: float = 0.0  # missing: what the checks that would have run are worth
     flags: list = field(default_factory=list)  # flags.Found: for the instructor, never in the score
+    seed: int | None = None  # the secret the graded inputs were drawn from (autograder.grading.seeds)
 
     @property
     def score(self) -> float:
@@ -321,11 +322,13 @@ def _grade_folder(lab, folder, graded, missing, tier, timeout_s, select, on_resu
     try:
         if not missing:  # a file that does not import fails every check with the same one line
             missing = submission.import_failure([Path(f).stem for f in lab.files if f.endswith(".py")]) or None
-        plugin = GradingPlugin(submission, tier, missing, on_result)
+        plugin = GradingPlugin(submission, tier, missing, on_result, seed=seeds.draw())
         with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
             code = pytest.main(args, plugins=[plugin])
     finally:
         submission.close()
+    if submission.cannot_grade:
+        raise IncompleteEnvironment(f"this machine cannot grade lab {lab.slug}: {submission.cannot_grade}")
     if code == pytest.ExitCode.NO_TESTS_COLLECTED and select:
         raise NoCheckSelected(f"no check of lab {lab.slug} matches -k {select!r} (k2c grade {lab.number} --list "
                               "shows their names)")
@@ -335,4 +338,5 @@ def _grade_folder(lab, folder, graded, missing, tier, timeout_s, select, on_resu
     result = LabResult(lab.slug, lab.title, tier, str(folder), plugin.results, time.monotonic() - start,
                        layer.as_dict(), lab.checks_digest(), submission.calls_s[0])
     result.flags = flags.running_flags(submission.flags) + flags.static_flags(graded)
+    result.seed = plugin.grading_seed
     return result

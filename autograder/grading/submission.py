@@ -97,6 +97,9 @@ class Submission:
         # What the calls did that an honest solution has no reason to do (autograder.sandbox.audit),
         # shared with the variants like calls_s: (kind, detail) records, for the instructor.
         self.flags: list = []
+        # Set when the machine, not the submission, failed a call (a rank that could not be kept
+        # apart): the grading then ends with exit 2 and this reason, never a score (runner).
+        self.cannot_grade = ""
 
     def in_simulator(self) -> "Submission":
         """The same submission run in numba's CUDA simulator, whatever the tier: for
@@ -193,7 +196,12 @@ class Submission:
             value = self._run({"kind": "ranks", "job": job}, [], {})
         finally:
             shutil.rmtree(os.path.dirname(paths[0]), ignore_errors=True)
-        return decode(kind, value)
+        decoded = decode(kind, value)
+        if decoded.status == "infrastructure":  # the grading stops: exit 2, no score (runner)
+            self.cannot_grade = self.cannot_grade or decoded.explain()
+            raise SubmissionError(f"this machine cannot grade this check: {decoded.explain()}",
+                                  Outcome("crashed", message=decoded.explain()))
+        return decoded
 
     def _run(self, target: dict, args, kwargs):
         request = {"submission": str(self.path), "target": target, "args": list(args), "kwargs": kwargs,

@@ -65,3 +65,24 @@ def expect_crossed(submission, wire: dict, phase: str, want: int, messages: int,
             + (f" (up to {most} with message headers)" if crossed > want else "")
             + ("; fewer means part of the data travelled some other way, or never" if crossed < want else ""))
     return crossed
+
+
+def expect_sent_by_rank(sent: list | None, want: list, what: str, messages: int, slack: float = 0,
+                        header: int = HEADER_BYTES) -> None:
+    """Assert that the bytes each rank sent in a phase (the kernel's count of that rank's own
+    sockets: ``autograder.grading.rank_jobs.per_rank_in_phase``), in some order, are the
+    pattern's ``want`` (bytes per rank, in any order): each at least its share less
+    ``slack``, at most its share plus ``SLACK`` and message headers (``messages`` in all
+    the phase, at most). Where ranks share the grader's user (no per-rank count: ``sent``
+    is None) nothing is asserted here: the total (``expect_crossed``) still is."""
+    if sent is None:
+        return
+    got, need = sorted(sent), sorted(want)
+    for rank_got, rank_want in zip(got, need):
+        most = rank_want * (1 + SLACK) + slack + messages * header
+        if not rank_want - slack <= rank_got <= most:
+            shown = ", ".join(str(b) for b in sent)
+            expected = ", ".join(f"{w:g}" for w in need)
+            raise AssertionError(
+                f"{what}: the ranks sent {shown} bytes each (the kernel's count of each rank's own sockets), "
+                f"expected {expected} in some order: the pattern's share of each rank")

@@ -250,6 +250,7 @@ class Sandbox:
         os.mkdir(self._jobs, 0o711)
         read_end, write_end = os.pipe()
         child_env = dict(os.environ)
+        child_env.pop("K2C_GRADING_SEED", None)  # an instructor's regrade: the seed never reaches student code
         child_env.update(self.env)
         child_env.update(self.layer.child_env(scratch))
         # torch._dynamo makes its cache folder as it loads, in the server, which cannot write
@@ -359,7 +360,10 @@ class Sandbox:
         if got is None:
             return Outcome("crashed", message="the sandbox's process ended during the call", output=output,
                            duration_s=duration)
-        return _outcome(*got, output, duration)
+        outcome = _outcome(*got, output, duration)
+        if target.get("kind") == "ranks":  # the launcher runs no student code: the ranks report their own flags
+            outcome.flags = [f for f in outcome.flags if f[0] != "channel"]
+        return outcome
 
     def _copy_of(self, submission: str) -> str:
         """The read-only copy of ``submission`` that the calls see, made on its first call.

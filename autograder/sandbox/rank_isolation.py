@@ -19,11 +19,16 @@ process before anything of the student's loads:
    no datagram or raw sockets. TCP over loopback remains: gloo's and MPICH's
    connections, whose bytes the kernel counts (``course.wire``).
 
-All of it needs the launcher to be root (in bubblewrap, root with
-CAP_SYS_ADMIN, CAP_SETUID, CAP_SETGID; ``autograder.sandbox.isolation``). A
-grader run by an ordinary user cannot give ranks users of their own:
-``available()`` says so, the ranks then share the grader's user and ``/tmp``,
-and the report says that what ranks exchanged there was not measured apart.
+Step 1 needs CAP_SYS_ADMIN and step 2 CAP_SETUID and CAP_SETGID in the launcher:
+the grader run as root has them (in bubblewrap, the server keeps them for this;
+``autograder.sandbox.isolation``). ``plan()`` says what this launcher can do:
+
+- root with all three: every step (what the instructor's grader gives);
+- root without CAP_SYS_ADMIN (a container that withholds it, as Docker does by
+  default): users of their own and the filter, but ``/tmp`` and ``/dev/shm`` are
+  shared: a rank never runs as root, and the report says the ranks could meet there;
+- an ordinary user (a student's laptop): the filter alone; the ranks share the
+  user, its files and ``/tmp``, and the report says so.
 """
 from __future__ import annotations
 
@@ -46,22 +51,34 @@ _libc = ctypes.CDLL(None, use_errno=True)
 CAP_SETGID, CAP_SETUID, CAP_SYS_ADMIN = 6, 7, 21
 
 
-def available() -> str:
-    """"" when ranks can be kept apart here, else why not."""
-    if os.geteuid() != 0:
-        return "the grader does not run as root, so its ranks cannot have users of their own"
-    if _architecture() is None:
-        return f"no seccomp filter for {platform.machine()} (x86_64 and aarch64 only)"
+def _capabilities() -> int:
     try:
         with open("/proc/self/status") as f:
-            effective = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+            return next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
     except (OSError, StopIteration, ValueError):
-        return "the launcher's capabilities cannot be read"
-    lacking = [name for name, bit in (("CAP_SETUID", CAP_SETUID), ("CAP_SETGID", CAP_SETGID),
-                                      ("CAP_SYS_ADMIN", CAP_SYS_ADMIN)) if not effective >> bit & 1]
-    if lacking:
-        return f"the launcher lacks {', '.join(lacking)}"
-    return ""
+        return 0
+
+
+def plan() -> dict:
+    """What ``enter`` does here: ``{"users": ranks get users of their own, "private":
+    and their own /tmp, /dev/shm and IPC, "why": what is missing ("" when nothing)}``."""
+    caps = _capabilities()
+    users = os.geteuid() == 0 and bool(caps >> CAP_SETUID & 1) and bool(caps >> CAP_SETGID & 1)
+    private = users and bool(caps >> CAP_SYS_ADMIN & 1)
+    why = []
+    if not users:
+        why.append("the grader does not run as root, so its ranks share its user, its files and /tmp")
+    elif not private:
+        why.append("the launcher lacks CAP_SYS_ADMIN (a container that withholds it), so the ranks share /tmp "
+                   "and /dev/shm")
+    if _architecture() is None:
+        why.append(f"no seccomp filter for {platform.machine()} (x86_64 and aarch64 only)")
+    return {"users": users, "private": private, "why": "; ".join(why)}
+
+
+def available() -> str:
+    """"" when ranks can be kept fully apart here, else what is missing."""
+    return plan()["why"]
 
 
 def uid_of(rank: int) -> int:
@@ -69,11 +86,27 @@ def uid_of(rank: int) -> int:
 
 
 def enter(rank: int, keep: list[str] = ()) -> None:
-    """Make this process rank ``rank``'s, kept apart from its peers (see the module
-    docstring). ``keep``: folders the rank reads that lie in one of ``PRIVATE_FOLDERS``
-    (the submission's copy, the harness, its inputs, a Python installed under /tmp):
-    shown again, read-only, at their own paths. Raises OSError when a step fails: a
-    rank must not run half-isolated."""
+    """Make this process rank ``rank``'s, kept apart from its peers as far as ``plan()``
+    allows (see the module docstring). ``keep``: folders the rank reads that lie in one
+    of ``PRIVATE_FOLDERS`` (the submission's copy, the harness, its inputs, a Python
+    installed under /tmp): shown again, read-only, at their own paths. Raises OSError
+    when a step fails: a rank must not run half-isolated, nor ever as root."""
+    can = plan()
+    if can["private"]:
+        _private_mounts(keep)
+    if can["users"]:
+        uid = uid_of(rank)
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)  # clears every capability
+    elif os.geteuid() == 0:
+        raise OSError(errno.EPERM, "a rank must not run as root, and this launcher cannot make it another user")
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    if _architecture() is not None:
+        install_filter()
+
+
+def _private_mounts(keep) -> None:
     _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare")
     _check(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
     private = [f for f in PRIVATE_FOLDERS if os.path.isdir(f) and not os.path.islink(f)]
@@ -92,12 +125,6 @@ def enter(rank: int, keep: list[str] = ()) -> None:
         os.close(fd)
     clear_refs = f"/proc/{os.getpid()}/clear_refs".encode()
     _check(_libc.mount(b"/dev/null", clear_refs, None, MS_BIND, None), "mask clear_refs")
-    uid = uid_of(rank)
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)  # clears every capability
-    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    install_filter()
 
 
 def _under(path: str, folder: str) -> bool:
@@ -111,14 +138,6 @@ def _outermost(paths) -> list[str]:
         if not any(_under(path, kept) for kept in found):
             found.append(path)
     return found
-
-
-def enter_unprivileged() -> None:
-    """Where ranks cannot have users of their own (``available()`` says why): the seccomp
-    filter alone, which needs no privilege (no child processes, no unix sockets)."""
-    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    if _architecture() is not None:
-        install_filter()
 
 
 def _check(result: int, what: str) -> None:

@@ -139,8 +139,14 @@ def mark(name: str, ranks: int | None = None, timeout: float = 60) -> None:
         raise RuntimeError(f"mark {name!r}: the launcher answered {kind!r}")
 
 
+class CannotIsolate(RuntimeError):
+    """A rank could not be kept apart: the machine's fault, never the student's."""
+
+
 def _fail(error: BaseException, submission: str) -> None:
-    if isinstance(error, NotImplementedError):
+    if isinstance(error, CannotIsolate):
+        report = {"status": "infrastructure", "message": str(error)}
+    elif isinstance(error, NotImplementedError):
         report = {"status": "not_implemented", "message": str(error)}
     else:
         frames = traceback.extract_tb(error.__traceback__)
@@ -240,10 +246,7 @@ def _store_barrier(store, key: str, n: int) -> None:
 def _enter(rank: int, job: dict) -> None:
     """Before anything of the student's: kept apart (where the launcher may), the rank's
     own scratch folder as HOME and TMPDIR, no environment naming the launcher's."""
-    if job["isolated"]:
-        rank_isolation.enter(rank, job["keep"])
-    else:
-        rank_isolation.enter_unprivileged()
+    rank_isolation.enter(rank, job["keep"])
     os.environ.update(HOME="/tmp", TMPDIR="/tmp", USER=f"rank{rank}", LOGNAME=f"rank{rank}")
     import tempfile
 
@@ -265,7 +268,7 @@ def torch_rank_main(rank: int, n: int, job: dict, sock: socket.socket) -> None:
         _enter(rank, job)
     except BaseException as exc:  # noqa: BLE001 - a rank that cannot be kept apart must not run
         _channel = sock
-        _fail(RuntimeError(f"rank {rank} could not be isolated: {exc}"), job["submission"])
+        _fail(CannotIsolate(f"rank {rank} could not be kept apart from its peers: {exc}"), job["submission"])
         os._exit(1)
     _rank_body(rank, n, job)
 
@@ -282,7 +285,7 @@ def mpi_rank_main(address: str, job_json: str) -> None:
     try:
         _enter(rank, job)
     except BaseException as exc:  # noqa: BLE001
-        _fail(RuntimeError(f"rank {rank} could not be isolated: {exc}"), job["submission"])
+        _fail(CannotIsolate(f"rank {rank} could not be kept apart from its peers: {exc}"), job["submission"])
         os._exit(1)
 
     def comm():
@@ -343,11 +346,11 @@ def launch(job: dict) -> dict:
     from autograder.sandbox import isolation
 
     n = job["n"]
-    why_not = rank_isolation.available()
+    plan = rank_isolation.plan()
     # What the ranks read besides the system: shown again where a rank's private /tmp would cover it.
     keep = [job["submission"], os.path.dirname(job["target"].rpartition(":")[0]), os.path.dirname(job["inputs"][0]),
             *isolation.needed_paths()]
-    job = dict(job, isolated=not why_not, keep=keep)
+    job = dict(job, keep=keep)
     ranks = [_Rank(r) for r in range(n)]
     wire_why = wire_available() if job.get("count_wire") else "not counted"
     seen = Connections() if not wire_why else None
@@ -448,7 +451,7 @@ def launch(job: dict) -> dict:
     _stop(ranks, mpiexec_proc)
     if listener is not None:
         listener.close()
-    return _result(ranks, marks, seen, wire_why, why_not, stopped, time.monotonic() - start, job)
+    return _result(ranks, marks, seen, wire_why, plan, stopped, time.monotonic() - start, job)
 
 
 def _start_mpi(job: dict):
@@ -594,7 +597,7 @@ def _stop(ranks: list[_Rank], mpiexec_proc) -> None:
             rank.reader.sock.close()
 
 
-def _result(ranks, marks, seen, wire_why, why_not, stopped, duration, job) -> dict:
+def _result(ranks, marks, seen, wire_why, plan, stopped, duration, job) -> dict:
     import numpy as np
 
     finished = [r.rank for r in ranks if r.done]
@@ -602,6 +605,8 @@ def _result(ranks, marks, seen, wire_why, why_not, stopped, duration, job) -> di
         status = "timeout"
     elif stopped == "too much":
         status = "crashed"
+    elif any(r.error and r.error["status"] == "infrastructure" for r in ranks):
+        status = "infrastructure"
     elif any(r.error and r.error["status"] == "not_implemented" for r in ranks):
         status = "not_implemented"
     elif any(r.error for r in ranks):
@@ -619,5 +624,5 @@ def _result(ranks, marks, seen, wire_why, why_not, stopped, duration, job) -> di
         "marks": marks,
         "wire": ({"unavailable": wire_why} if seen is None
                  else {"bytes": seen.bytes_sent(), "connections": len(seen.sent)}),
-        "kept_apart": "" if not why_not else why_not,
+        "kept_apart": plan["why"], "own_users": plan["users"],
     }
