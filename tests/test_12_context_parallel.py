@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from autograder.sandbox import Limits, run_call
+from autograder.sandbox import Limits
 from conftest import load_check_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,11 +75,11 @@ def test_the_merge_check_accepts_attention_over_both_blocks_and_nothing_else(cen
 def test_the_zigzag_table_is_the_documented_layout():
     for (s, P), layout in oracles.ZIGZAG.items():
         assert layout == hidden.zigzag(s, P)
-    for query in checks.QUERIES["zigzag_indices"]:  # every size a public check asks for that divides
+    for query in checks._queries(0)["zigzag_indices"]:  # every size a public check asks for that divides
         s, P = query["seq_len"], query["P"]
         assert (s, P) in oracles.ZIGZAG or s % (2 * P)
     for P in checks.WORLD_SIZES:  # and every causal ring case
-        for case in checks._cases(P).values():
+        for case in checks._cases(P, 0).values():
             if "q" in case and case["function"] == "ring" and case["causal"]:
                 assert case["positions"] == hidden.zigzag(case["q"].shape[-2], P)
 
@@ -112,7 +112,7 @@ def test_position_encoding_makes_attention_copy_each_value_exactly():
 def test_every_check_case_keeps_the_head_dimension_apart_from_sequence_lengths():
     """The full-K check reads 'last dimension 6' as q, k, v or an output, never scores."""
     for P in checks.WORLD_SIZES:
-        for name, case in checks._cases(P).items():
+        for name, case in checks._cases(P, 0).items():
             if "q" in case:
                 assert case["q"].shape[-1] == checks.D and case["q"].shape[-2] // P != checks.D, name
     assert checks.D not in checks.BLOCKS and checks.BLOCKWISE_SHAPE[-2] != checks.D
@@ -120,17 +120,20 @@ def test_every_check_case_keeps_the_head_dimension_apart_from_sequence_lengths()
 
 @pytest.mark.slow
 def test_a_ring_that_deadlocks_costs_its_cases_only_and_leaves_no_process(make_submission, our_processes):
+    from autograder.grading.labs import find_lab
+    from autograder.grading.runner import child_environment
+    from autograder.grading.submission import Submission
     from fixtures.buggy_12 import RING_DEADLOCK
 
     folder = make_submission(LAB, RING_DEADLOCK.file, RING_DEADLOCK.edits)
-    request = {"submission": str(folder), "target": {"kind": "harness", "path": str(CHECKS / "harness.py"),
-                                                     "func": "cases_job"},
-               "args": [2, checks._cases(2), 15], "kwargs": {}}  # 15 s: room for the Ulysses job on a busy machine
+    submission = Submission(folder, CHECKS / "harness.py", "cpu", Limits(timeout_s=120, memory_mb=6144),
+                            child_environment("cpu", find_lab(LAB)))
     start = time.monotonic()
-    outcome = run_call(request, Limits(timeout_s=120, memory_mb=6144))
+    try:
+        _, cases = checks._job(submission, 0, 2)
+    finally:
+        submission.close()
     elapsed = time.monotonic() - start
-    assert outcome.status == "ok", outcome
-    cases = outcome.value
     ring = [name for name in cases if name.startswith("ring") and name != "ring_odd_shard"]
     hung = [name for name in ring if cases[name]["status"] == "timeout"]
     assert hung == ring, cases  # the first hangs, the others are not run

@@ -243,9 +243,29 @@ def _store_barrier(store, key: str, n: int) -> None:
         time.sleep(0.005)
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+LARGE_BYTES = 1 << 20
+
+
+def _honest_peaks() -> None:
+    """Every allocation of 1 MiB or more straight from the kernel and back to it when freed
+    (``mallopt``): the peak the launcher reads is then what the rank held at once, not what
+    glibc kept of freed blocks (its threshold otherwise grows to 32 MiB as large blocks are
+    freed, and a loop of 16 MiB temporaries reads as several times its real peak)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(M_MMAP_THRESHOLD, LARGE_BYTES)
+        libc.mallopt(M_TRIM_THRESHOLD, LARGE_BYTES)
+    except (OSError, AttributeError):
+        pass  # not glibc: peaks may read high, never low
+
+
 def _enter(rank: int, job: dict) -> None:
     """Before anything of the student's: kept apart (where the launcher may), the rank's
     own scratch folder as HOME and TMPDIR, no environment naming the launcher's."""
+    _honest_peaks()
     rank_isolation.enter(rank, job["keep"])
     os.environ.update(HOME="/tmp", TMPDIR="/tmp", USER=f"rank{rank}", LOGNAME=f"rank{rank}")
     import tempfile

@@ -10,21 +10,17 @@ merge_partial_softmax, blockwise_attention, zigzag_indices, balance) in one
 call. ``blockwise_attention`` runs under ``course.torch_audit.OpLog``, which
 reports the largest tensor it made.
 
-``cases_job(P, cases)`` runs every ring and Ulysses case on P ranks in one
-``course.dist`` job, whose launcher counts the bytes that crossed between the
-ranks in each case's forward and backward (``count_wire``, ``course.dist.mark``).
-Each rank takes its shard of the whole q, k, v and upstream gradient (the positions the case gives it: contiguous, or for causal ring
-attention the documented zigzag layout), runs the student's function forward and backward under
+``cases_rank`` is a rank function of a rank job (``autograder.sandbox.ranks``): rank r
+receives only its own shard of every case's q, k, v and upstream gradient (the
+positions the layout gives it: contiguous, or for causal ring attention the
+documented zigzag layout), runs the student's function forward and backward under
 ``OpLog`` (the messages, all-to-alls, waits and compute of each phase, and the
-largest tensor whose last dimension is the head dimension), and records its
-output and gradients. A rank writes a file per case as soon as it is done
-(``save_record``); after a hang the other cases of the same function are not
-run (``run_cases``' ``after_hang``): they use the same code and would hang as long.
+largest tensor whose last dimension is the head dimension: an in-process record,
+for feedback), marks each phase for the launcher's count of what crossed, and emits
+its output and gradients. ``blockwise_memory_rank`` runs one large blockwise attention whose
+peak memory the launcher reads from outside.
 """
-from autograder.grading.checking import rank_records, run_cases, save_record
-from course import dist as launcher
-
-JOB_TIMEOUT_S = 30  # a correct job of 4 processes takes a few seconds; a deadlock ends sooner, when the job idles
+from autograder.sandbox import ranks
 
 
 def _torch(array):
@@ -117,9 +113,18 @@ def _events(log, phase):
                                                          "broadcast", "reduce_scatter", "scatter", "gather")}
 
 
-def _run_case(student, case, rank, P, mark):
-    """A rank's record of one case; ``mark(phase)`` after the forward and after the
-    backward, on every rank alike, counts what crossed in each (``course.dist.mark``)."""
+def _own(array):
+    """A tensor on this rank's own part of an input, without a copy."""
+    import numpy as np
+    import torch
+
+    return torch.from_numpy(np.require(array, np.float64, ["C", "W"]))
+
+
+def _run_case(student, case, mark):
+    """A rank's record of one case, from its own shard of q, k, v and the upstream gradient;
+    ``mark(phase)`` after the forward and after the backward, on every rank alike, counts
+    what crossed in each."""
     import torch
 
     from course.torch_audit import OpLog
@@ -131,9 +136,8 @@ def _run_case(student, case, rank, P, mark):
         mark("forward")
         mark("backward")
         return record
-    mine = list(case["positions"][rank])
-    q, k, v = (_torch(case[name][..., mine, :]).requires_grad_() for name in ("q", "k", "v"))
-    upstream = _torch(case["upstream"][..., mine, :])
+    q, k, v = (_own(case[name]).requires_grad_() for name in ("q", "k", "v"))
+    upstream = _own(case["upstream"])
     with OpLog(last_dim=q.shape[-1]) as log:
         with log.phase("forward"):
             out = function(q, k, v, causal=causal)
@@ -143,7 +147,7 @@ def _run_case(student, case, rank, P, mark):
             with log.phase("backward"):
                 out.backward(upstream)
         mark("backward")
-    record.update({"dq": _np(q.grad), "dk": _np(k.grad), "dv": _np(v.grad), "positions": mine,
+    record.update({"dq": _np(q.grad), "dk": _np(k.grad), "dv": _np(v.grad),
                    "forward": _events(log, "forward"), "backward": _events(log, "backward"),
                    "overlap": list(log.overlapped_transfers("forward")), "largest": list(log.largest[1])})
     return record
@@ -165,39 +169,40 @@ def _refusal(function, case, causal):
     return {"raised": False, "message": ""}
 
 
-def rank_side(names, cases, P_expected, folder):
-    """Every rank: run each named case; write one file per case and rank."""
+def cases_rank(parts):
+    """A rank of a rank job (``autograder.sandbox.ranks``): every case it is given (its own
+    shard of each), in order; one record per case, emitted as soon as it is done."""
     import torch
     import torch.distributed as tdist
 
     import context_parallel as student
 
     torch.set_default_dtype(torch.float64)
-    rank, P = tdist.get_rank(), tdist.get_world_size()
-    assert P == P_expected
-    for name in names:
-        launcher.mark(f"{name}:start")
+    for case in parts:
+        name = case["case"]
+        ranks.mark(f"{name}:start")
         try:
-            record = _run_case(student, cases[name], rank, P, lambda phase: launcher.mark(f"{name}:{phase}"))
+            record = _run_case(student, case, lambda phase: ranks.mark(f"{name}:{phase}"))
             record["status"] = "ok"
         except NotImplementedError as exc:  # a stub raises on every rank alike
             record = {"status": "not_implemented", "message": str(exc)}
         tdist.barrier()  # the next case starts together
-        save_record(folder, name, rank, record)
-    return None
+        ranks.emit({"case": name, **record})
 
 
-def cases_job(P, cases, job_timeout=JOB_TIMEOUT_S):
-    """{case name: outcome} on ``P`` ranks for ``cases`` ({name: case}); see the module docstring."""
-    def start(pending, folder):  # gloo on both tiers: the tensors are tiny and live on the CPU
-        return launcher.run(f"{__file__}:rank_side", P, list(pending), {n: cases[n] for n in pending}, P, folder,
-                            timeout=job_timeout, backend="gloo", idle_timeout=launcher.IDLE_TIMEOUT_S,
-                            count_wire=True)
+def blockwise_memory_rank(parts):
+    """One large ``blockwise_attention`` in a rank job of one rank, whose peak memory the
+    launcher reads from outside."""
+    import torch
 
-    def after_hang(name, pending):  # the same function would hang again, a timeout each
-        return [n for n in pending if cases[n]["function"] == cases[name]["function"]]
+    import context_parallel as student
 
-    return run_cases(start, list(cases), P, rank_records, after_hang=after_hang, counted=("forward", "backward"))
+    torch.set_default_dtype(torch.float64)
+    case = parts[0]
+    q, k, v = (_own(case[name]) for name in ("q", "k", "v"))
+    with torch.no_grad():
+        out = student.blockwise_attention(q, k, v, case["block"], causal=case["causal"])
+    ranks.emit({"case": case["case"], "status": "ok", "out": _np(out)})
 
 
 # --- the GPU tier ------------------------------------------------------------------------------
