@@ -99,6 +99,9 @@ import ctypes
 import sys
 
 
+LONG = "x" * 400 + "/srv/course/autograder/checks/10-tensor-parallel/harness.py" + "y" * 400
+
+
 def never_called():
     import torch
     torch.utils._python_dispatch._disable_current_modes()
@@ -115,6 +118,7 @@ def test_the_static_read_flags_what_never_ran(tmp_path):
     assert ("private", "uses torch.utils._python_dispatch._disable_current_modes") in found
     assert ("toolkit", "changes sys.modules") in found
     assert any(kind == "files" and "solutions/" in detail for kind, detail in found), found
+    assert any(kind == "files" and "autograder/checks/10" in detail for kind, detail in found), found  # 860 chars
     assert static_flags(REPO / "solutions" / "12-context-parallel") == []  # the reference: none
 
 
@@ -147,6 +151,17 @@ def forge():
 def patch():
     course.refuse.install_from_env = lambda: None
     return 3
+
+
+def patch_a_class():
+    import course.mpi_audit
+    course.mpi_audit.AuditComm.totals = lambda self: {}
+    return 4
+
+
+def walk_the_frames():
+    import inspect
+    return len(inspect.stack())
 '''
 
 
@@ -161,6 +176,11 @@ def test_a_broken_or_forged_channel_and_a_patched_toolkit_are_flags(tmp_path):
     patched = _call(tmp_path, "tamper", "patch")
     assert patched.value == 3 and any(kind == "toolkit" and "course.refuse" in detail
                                       for kind, detail in patched.flags), patched.flags
+    classy = _call(tmp_path, "tamper", "patch_a_class")
+    assert classy.value == 4 and any(kind == "toolkit" and "course.mpi_audit: AuditComm.totals" in detail
+                                     for kind, detail in classy.flags), classy.flags
+    walked = _call(tmp_path, "tamper", "walk_the_frames")
+    assert walked.value > 1 and ("introspection", "called sys._getframe (tamper.py:40)") in walked.flags, walked.flags
     honest = _call(REPO / "solutions" / "06-collectives", "collectives", "chunk_bounds", args=(10, 3))
     assert honest.status == "ok" and honest.flags == [], honest.flags
 
@@ -202,8 +222,11 @@ def test_grade_class_keeps_classmates_apart_and_refuses_the_weak_layer(tmp_path,
     weak = dict(os.environ, K2C_ISOLATION="subreaper")
     refused = k2c("grade-class", "06", klass, "-o", tmp_path / "weak.csv", "--jobs", "1", "-k", "chunk_bounds",
                   env=weak)
-    assert refused.returncode == 2 and "--allow-weak-isolation" in refused.stderr, refused.stderr
+    assert refused.returncode == 2, refused.stderr
     assert not (tmp_path / "weak.csv").exists()
+    if "who cannot enter" in refused.stderr:  # nobody cannot read this Python (pyenv under /root): no weak layer
+        return  # to refuse, and the grading stopped saying so (tests/test_readiness.py)
+    assert "--allow-weak-isolation" in refused.stderr, refused.stderr
     shutil.rmtree(klass / "alice")
     allowed = k2c("grade-class", "06", klass, "-o", tmp_path / "weak.csv", "--jobs", "1", "-k", "chunk_bounds",
                   "--allow-weak-isolation", env=weak)

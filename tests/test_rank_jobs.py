@@ -52,6 +52,10 @@ def test_each_rank_has_a_user_a_tmp_and_a_dev_shm_of_its_own(pried):
     if isolation.detect().ranks_apart:
         assert job.kept_apart == ""
         assert len({s["uid"] for s in seen}) == 3
+    # Each rank's audit hook recorded what it tried, for the instructor, its channel intact.
+    kinds = {kind for kind, _ in job.flags}
+    assert "introspection" in kinds and "channel" not in kinds, job.flags
+    assert any("sys._getframe (peer.py:" in detail for _, detail in job.flags), job.flags
 
 
 def test_the_launcher_measures_bytes_per_rank_and_peak_memory(pried):

@@ -46,7 +46,8 @@ _ATTRIBUTES = {
 }
 _CALLS = {"exec": Flag.CODE, "eval": Flag.CODE, "compile": Flag.CODE, "__import__": Flag.CODE}
 # Strings that name the grader's or another lab's files.
-_NAMES = ("solutions/", "solutions\\", "autograder/checks", "oracles.py", "gradebook")
+_NAMES = ("solutions/", "solutions\\", "autograder/checks", "autograder/", "oracles.py", "oracles_hidden", "harness.py",
+          "gradebook", "k2c-sandbox-", "k2c-grade-")
 _FILE_CALLS = {"open", "glob", "iglob", "listdir", "scandir", "walk", "Path", "rglob", "read_text", "read_bytes"}
 _OWN = ("/tmp", "/dev/", "/proc/self", "/proc/cpuinfo", "/proc/meminfo", "/sys/")
 
@@ -100,8 +101,11 @@ def _read(tree: ast.AST, where) -> list[tuple[Flag, str]]:
                     if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and _outside(arg.value):
                         found.append((Flag.FILES, f"{name}({arg.value!r}) ({where(line)})"))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            if any(n in node.value for n in _NAMES) and len(node.value) < 300:
-                found.append((Flag.FILES, f"names {node.value!r} ({where(line)})"))
+            named = next((n for n in _NAMES if n in node.value), None)
+            if named:  # a long string too: the part around the name
+                at = node.value.index(named)
+                excerpt = node.value if len(node.value) <= 120 else "…" + node.value[max(0, at - 40):at + 60] + "…"
+                found.append((Flag.FILES, f"names {excerpt!r} ({where(line)})"))
         elif isinstance(node, (ast.Assign, ast.Delete, ast.AugAssign)):
             targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
             for target in targets:

@@ -45,6 +45,7 @@ class RankJob:
     idle_s: float = 0.0
     stopped: str = ""
     memory_tampered: list = field(default_factory=list)  # ranks whose VmHWM was below a sampled VmRSS
+    flags: list = field(default_factory=list)  # (kind, detail): what the ranks' audit hooks recorded
 
     def explain(self) -> str:
         if self.status == "ok":
@@ -94,7 +95,24 @@ def decode(kind: str, value: dict) -> RankJob:
         wire=value["wire"], kept_apart=value["kept_apart"], own_users=value["own_users"],
         duration_s=value["duration_s"],
         timeout_s=value["timeout_s"], idle_s=value["idle_s"], stopped=value["stopped"],
-        memory_tampered=[r for r, rank in enumerate(value["ranks"]) if rank["hwm_below_sampled"]])
+        memory_tampered=[r for r, rank in enumerate(value["ranks"]) if rank["hwm_below_sampled"]],
+        flags=_flags(value))
+
+
+def _flags(value: dict) -> list:
+    """What each rank's audit hook recorded, its channel checked as a call's is."""
+    from autograder.sandbox import audit
+
+    found = []
+    for rank, record in enumerate(value["ranks"]):
+        done = rank in value["finished"]
+        for kind, detail in audit.check_channel(bytes(record["audit"]), done):
+            found.append((kind, f"rank {rank}: {detail}" if kind == audit.Flag.CHANNEL.value else detail))
+    memory = [r for r, rank in enumerate(value["ranks"]) if rank["hwm_below_sampled"]]
+    if memory:
+        found.append((audit.Flag.MEMORY.value, f"ranks {memory}: the peak memory fell below what the launcher had "
+                                               "seen them hold"))
+    return found
 
 
 def run_cases(submission, kind: str, target: str, cases: list, ranks_of, part_of, *, key=str, timeout: float,

@@ -197,6 +197,7 @@ class Submission:
         finally:
             shutil.rmtree(os.path.dirname(paths[0]), ignore_errors=True)
         decoded = decode(kind, value)
+        self.flags.extend(decoded.flags)
         if decoded.status == "infrastructure":  # the grading stops: exit 2, no score (runner)
             self.cannot_grade = self.cannot_grade or decoded.explain()
             raise SubmissionError(f"this machine cannot grade this check: {decoded.explain()}",

@@ -38,9 +38,10 @@ class Flag(str, enum.Enum):
     CTYPES = "ctypes"  # used ctypes
     PRIVATE = "private"  # torch's private dispatch or c10d internals
     TOOLKIT = "toolkit"  # changed sys.modules entries or attributes of the course toolkit
-    INTROSPECTION = "introspection"  # gc's object lists, tracing or frames: the ways to the grader's objects
+    INTROSPECTION = "introspection"  # gc's object lists, tracing or frames (sys._getframe, inspect): ways to the grader's objects
     CHANNEL = "channel"  # the channel that carries these records was broken or tampered with
     UNLOGGED = "unlogged"  # far more crossed between ranks (the kernel's count) than the op log saw
+    MEMORY = "memory"  # a rank's peak memory was reset from inside (VmHWM below what the launcher had seen)
 
 
 DESCRIPTION = {
@@ -53,12 +54,13 @@ DESCRIPTION = {
     Flag.INTROSPECTION: "searched the interpreter for other code's objects (gc, tracing, frames)",
     Flag.CHANNEL: "the channel that records these flags was broken or tampered with",
     Flag.UNLOGGED: "sent far more between ranks than the in-process op log saw (the log switched off or gone around)",
+    Flag.MEMORY: "a rank's peak memory fell below what the launcher had seen it hold (reset from inside)",
 }
 
 # Names whose use is flagged wherever it is made.
 PRIVATE_MODULES = ("torch.utils._python_dispatch", "torch._C._distributed_c10d")
 _INTROSPECTION_EVENTS = {"gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.settrace",
-                         "sys.setprofile", "sys._current_frames"}
+                         "sys.setprofile", "sys._current_frames", "sys._getframe"}
 _CTYPES_EVENTS = {"ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.addressof", "ctypes.string_at",
                   "ctypes.call_function"}
 _WATCHED = {"open", "os.listdir", "os.scandir", "import", "exec", "compile", END_EVENT} | _INTROSPECTION_EVENTS \
@@ -82,7 +84,10 @@ def install(fd: int, submission: str, allowed: list[str], denied: list[str], end
     submission = os.path.realpath(submission)
     allowed = tuple(os.path.realpath(p) for p in allowed if p) + (submission,)
     denied = tuple(os.path.realpath(p) for p in denied if p)
-    library = (_stdlib("importlib"), _stdlib("runpy.py"), _stdlib("ctypes"))
+    # The standard library's own callers: what they do on the student's behalf is the student's
+    # (``inspect.stack()`` walks frames with ``sys._getframe``).
+    library = (_stdlib("importlib"), _stdlib("runpy.py"), _stdlib("ctypes"), _stdlib("inspect.py"),
+               _stdlib("traceback.py"))
     state = {"pid": os.getpid(), "seq": 0, "seen": set(), "counts": {}, "busy": False, "broken": False}
     toolkit = _snapshot()
 
@@ -199,17 +204,46 @@ def _stdlib(name: str) -> str:
     return os.path.join(os.path.dirname(os.__file__), name)
 
 
+def _toolkit(name: str) -> bool:
+    return name.split(".")[0] in ("course", "autograder", "k2c_harness")
+
+
 def _snapshot() -> dict:
-    """The toolkit's modules and their attributes, as they are before student code loads."""
+    """The toolkit's modules (the harness's too) and their attributes, and the attributes of
+    the classes they define (a recorder's methods), as they are before student code loads."""
     found = {}
     for name, module in list(sys.modules.items()):
-        if name == "course" or name.startswith("course."):
-            found[name] = (id(module), {k: id(v) for k, v in vars(module).items() if not k.startswith("__")})
+        if _toolkit(name):
+            attributes = {k: id(v) for k, v in vars(module).items() if not k.startswith("__")}
+            classes = {k: {a: id(b) for a, b in vars(v).items()} for k, v in vars(module).items()
+                       if isinstance(v, type) and getattr(v, "__module__", "") == name}
+            found[name] = (id(module), attributes, classes)
+    return found
+
+
+def _foreign_methods(name: str, module) -> list[str]:
+    """"Class.method" for the methods of ``module``'s classes that the class's own body did
+    not define (a function whose qualified name is another's): a toolkit module loaded after
+    the snapshot, whose earlier state is unknown, patched all the same."""
+    found = []
+    for cls_name, cls in list(vars(module).items()):
+        if not isinstance(cls, type) or getattr(cls, "__module__", "") != name:
+            continue
+        for attr, value in list(vars(cls).items()):
+            function = getattr(value, "__func__", value)
+            if callable(function) and hasattr(function, "__qualname__") and hasattr(function, "__code__") \
+                    and not function.__qualname__.startswith(cls.__qualname__ + "."):
+                found.append(f"{cls_name}.{attr}")
     return found
 
 
 def _toolkit_changes(before: dict, flag) -> None:
-    for name, (module_id, attributes) in before.items():
+    for name, module in list(sys.modules.items()):
+        if _toolkit(name) and name not in before and module is not None:
+            foreign = _foreign_methods(name, module)
+            if foreign:
+                flag(Flag.TOOLKIT, f"changed the classes of {name}: {', '.join(foreign[:5])}")
+    for name, (module_id, attributes, classes) in before.items():
         module = sys.modules.get(name)
         if module is None or id(module) != module_id:
             flag(Flag.TOOLKIT, f"replaced or removed sys.modules[{name!r}]")
@@ -218,6 +252,15 @@ def _toolkit_changes(before: dict, flag) -> None:
         changed = sorted(k for k, v in attributes.items() if k not in now or id(now[k]) != v)
         if changed:
             flag(Flag.TOOLKIT, f"changed {name}: {', '.join(changed[:5])}")
+        for cls_name, members in classes.items():
+            cls = now.get(cls_name)
+            if not isinstance(cls, type):
+                continue
+            current = vars(cls)
+            replaced = sorted(a for a, v in members.items() if a not in current or id(current[a]) != v)
+            added = sorted(a for a in current if a not in members)
+            if replaced or added:
+                flag(Flag.TOOLKIT, f"changed the class {name}.{cls_name}: {', '.join((replaced + added)[:5])}")
 
 
 def check_channel(data: bytes, child_pid_expected_end: bool) -> list[tuple[str, str]]:

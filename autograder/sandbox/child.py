@@ -94,7 +94,7 @@ def run(request: dict) -> dict:
                 "where": _where(exc.__traceback__, submission)}
 
 
-def _launch(request: dict, reply_fd: int) -> None:
+def _launch(request: dict, reply_fd: int, reads: tuple[list[str], list[str]]) -> None:
     """A rank job's launcher (``autograder.sandbox.ranks``): course code only, which imports
     nothing of the student's and keeps the server's privileges to give each rank a user of
     its own; the ranks it starts run the student's code. Never returns."""
@@ -102,7 +102,10 @@ def _launch(request: dict, reply_fd: int) -> None:
 
     try:
         os.chdir("/")
-        reply = {"status": "ok", "value": ranks.launch(dict(request["target"]["job"], submission=request["submission"]))}
+        allowed, denied = reads
+        job = dict(request["target"]["job"], submission=request["submission"],
+                   reads=[[*SYSTEM_READS, *allowed, "/tmp"], list(denied)])
+        reply = {"status": "ok", "value": ranks.launch(job)}
     except BaseException as exc:  # noqa: BLE001 - the launcher's own failure: the grader's problem, said so
         reply = {"status": "crashed", "message": f"the rank launcher failed: {type(exc).__name__}: {exc}"}
     with os.fdopen(reply_fd, "wb") as out:
@@ -123,7 +126,7 @@ def _call(request: dict, reply_fd: int, flags_fd: int, server_fds: tuple[int, ..
         sys.stdin = open(os.devnull)
         if request.get("target", {}).get("kind") == "ranks":
             os.close(flags_fd)
-            _launch(request, reply_fd)
+            _launch(request, reply_fd, reads)
         drop_privileges(run_as)  # before anything of the student's is read
         if request.get("simulator"):
             # The CUDA simulator runs every CUDA thread of a block as a Python thread:

@@ -45,6 +45,7 @@ HELLO, READY, EMIT, MARK, PORT, DONE, ERROR = b"H", b"R", b"E", b"M", b"P", b"D"
 GO, PEER_PORT, COUNTED = b"g", b"p", b"c"
 _FRAME = struct.Struct("<cI")
 EMIT_LIMIT = 2**30  # bytes of emitted values kept per job; past it the job ends as crashed
+AUDIT_LIMIT = 2**18  # bytes of a rank's audit records kept
 SAMPLE_S = 0.003  # the launcher's loop: counters and memory sampled this often while a job runs
 IDLE_CPU_S = 0.1  # a job whose processes used less CPU than this over idle_timeout seconds is stopped as hung
 HOST = "127.0.0.1"
@@ -110,6 +111,7 @@ class _Reader:
 # --- the rank's side -----------------------------------------------------------------------
 
 _channel: socket.socket | None = None
+_audit_fd: int | None = None  # where this rank's audit hook writes (a pipe or socket to the launcher)
 _job: dict = {}
 
 
@@ -179,12 +181,22 @@ def _rank_body(rank: int, n: int, job: dict, comm_of=None) -> None:
         with open(job["inputs"][rank], "rb") as f:
             inputs = codec.decode(f.read())
         send(_channel, READY, str(os.getpid()).encode())
+        if _audit_fd is not None:  # the flags for the instructor, as in a call (autograder.sandbox.audit)
+            from autograder.sandbox import audit
+
+            allowed, denied = job["reads"]
+            audit.install(_audit_fd, job["submission"], [*allowed, os.path.dirname(job["target"].rpartition(":")[0])],
+                          denied, _rank_body.__code__)
         sys.path.insert(0, job["submission"])
         if job["kind"] == "torch":
             store = _join_torch_group(rank, n, job)
             value = _load(job["target"])(inputs)
         else:
             value = _load(job["target"])(comm_of(), inputs)
+        if _audit_fd is not None:
+            from autograder.sandbox import audit
+
+            audit.end()  # the last record: the rank's own code ran past the student's
         if value is not None:
             emit(value)
         sys.stdout.flush()
@@ -273,13 +285,15 @@ def _enter(rank: int, job: dict) -> None:
     tempfile.tempdir = None
 
 
-def torch_rank_main(rank: int, n: int, job: dict, sock: socket.socket) -> None:
-    """A forked torch rank: keep only its socket, be kept apart, run. Never returns."""
-    global _channel
+def torch_rank_main(rank: int, n: int, job: dict, sock: socket.socket, audit_fd: int) -> None:
+    """A forked torch rank: keep only its socket and its audit pipe, be kept apart, run.
+    Never returns."""
+    global _channel, _audit_fd
     try:
-        keep = sock.fileno()
+        keep = (sock.fileno(), audit_fd)
+        _audit_fd = audit_fd
         for fd in range(3, _max_fd()):
-            if fd != keep:
+            if fd not in keep:
                 try:
                     os.close(fd)
                 except OSError:
@@ -299,9 +313,14 @@ def mpi_rank_main(address: str, job_json: str) -> None:
     global _channel
     job = json.loads(job_json)
     rank, n = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
+    global _audit_fd
     _channel = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     _channel.connect("\0" + address)  # before the seccomp filter, which refuses unix sockets
     send(_channel, HELLO, json.dumps({"rank": rank}).encode())
+    audit = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # the audit hook's records, a stream of their own
+    audit.connect("\0" + address)
+    send(audit, HELLO, json.dumps({"rank": rank, "audit": True}).encode())
+    _audit_fd = audit.detach()
     try:
         _enter(rank, job)
     except BaseException as exc:  # noqa: BLE001
@@ -332,11 +351,27 @@ class _Rank:
     def __init__(self, rank: int):
         self.rank, self.pid, self.reader = rank, None, None
         self.frames: list[bytes] = []  # EMIT bodies, as they came
+        self.audit_fd: int | None = None  # the rank's audit records (autograder.sandbox.audit), read raw
+        self.audit = bytearray()
         self.error: dict | None = None
         self.ready = self.done = self.told = False
         self.baseline = self.peak = self.sampled = 0  # bytes: VmRSS when ready; VmHWM; the most VmRSS sampled
         self.exit = None
         self.tampered = False  # its VmHWM fell below what the launcher had seen it hold: reset from inside
+
+    def read_audit(self) -> None:
+        while self.audit_fd is not None and len(self.audit) < AUDIT_LIMIT:
+            try:
+                data = os.read(self.audit_fd, 1 << 16)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:
+                os.close(self.audit_fd)
+                self.audit_fd = None
+                return
+            self.audit += data
 
     def read_peak(self) -> None:
         """Its high-water mark now, which can only grow; a sample above it means it was reset."""
@@ -382,14 +417,18 @@ def launch(job: dict) -> dict:
     if job["kind"] == "torch":
         for rank in ranks:
             ours, theirs = socket.socketpair()
+            audit_read, audit_write = os.pipe()
             sys.stdout.flush()
             sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
                 ours.close()
-                torch_rank_main(rank.rank, n, job, theirs)
+                os.close(audit_read)
+                torch_rank_main(rank.rank, n, job, theirs, audit_write)
             theirs.close()
-            rank.pid, rank.reader = pid, _Reader(ours)
+            os.close(audit_write)
+            os.set_blocking(audit_read, False)
+            rank.pid, rank.reader, rank.audit_fd = pid, _Reader(ours), audit_read
     else:
         listener, mpiexec_proc = _start_mpi(job)
     marks, waiting = [], {}
@@ -400,6 +439,7 @@ def launch(job: dict) -> dict:
         if listener is not None:
             _accept(listener, ranks)
         for rank in ranks:
+            rank.read_audit()
             if rank.reader is None:
                 continue
             for kind, body in rank.reader.frames():
@@ -510,11 +550,17 @@ def _accept(listener: socket.socket, ranks: list[_Rank]) -> None:
             sock.close()
             continue
         # Only a rank's own boot code, before it is kept apart, runs as the launcher's user.
-        if kind != HELLO or uid != os.geteuid() or not 0 <= rank < len(ranks) or ranks[rank].reader is not None:
+        wants_audit = bool(json.loads(body).get("audit"))
+        taken = ranks[rank].audit_fd is not None if wants_audit else ranks[rank].reader is not None
+        if kind != HELLO or uid != os.geteuid() or not 0 <= rank < len(ranks) or taken:
             sock.close()
             continue
         sock.settimeout(None)
-        ranks[rank].pid, ranks[rank].reader = pid, _Reader(sock)
+        if wants_audit:
+            sock.setblocking(False)
+            ranks[rank].audit_fd = sock.detach()
+        else:
+            ranks[rank].pid, ranks[rank].reader = pid, _Reader(sock)
 
 
 def _wait_for_frames(ranks: list[_Rank], listener) -> None:
@@ -604,6 +650,9 @@ def _idled(samples: list, pids: list[int], seconds: float) -> bool:
 def _stop(ranks: list[_Rank], mpiexec_proc) -> None:
     from course.jobs import kill_tree
 
+    for rank in ranks:
+        rank.read_audit()  # what the hook wrote before the job ended
+
     if mpiexec_proc is not None:
         kill_tree(mpiexec_proc)
     for rank in ranks:
@@ -615,6 +664,10 @@ def _stop(ranks: list[_Rank], mpiexec_proc) -> None:
             rank.exit = os.waitstatus_to_exitcode(os.waitpid(rank.pid, 0)[1])
         if rank.reader is not None:
             rank.reader.sock.close()
+        rank.read_audit()
+        if rank.audit_fd is not None:
+            os.close(rank.audit_fd)
+            rank.audit_fd = None
 
 
 def _result(ranks, marks, seen, wire_why, plan, stopped, duration, job) -> dict:
@@ -640,7 +693,8 @@ def _result(ranks, marks, seen, wire_why, plan, stopped, duration, job) -> dict:
         "idle_s": job.get("idle_timeout") or 0.0, "finished": finished,
         "ranks": [{"frames": [np.frombuffer(f, np.uint8) for f in r.frames], "error": r.error,
                    "exit": r.exit, "peak_bytes": r.peak, "baseline_bytes": r.baseline,
-                   "hwm_below_sampled": r.tampered} for r in ranks],
+                   "hwm_below_sampled": r.tampered, "audit": np.frombuffer(bytes(r.audit), np.uint8)}
+                  for r in ranks],
         "marks": marks,
         "wire": ({"unavailable": wire_why} if seen is None
                  else {"bytes": seen.bytes_sent(), "connections": len(seen.sent)}),
