@@ -10,14 +10,14 @@ from conftest import REPO, grade_json
 from fixtures.buggy_05 import BUGS
 
 LAB05 = "05-message-passing"
-HARNESS = REPO / "autograder" / "checks" / LAB05 / "harness.py"
+CHECKS = REPO / "autograder" / "checks" / LAB05 / "check_message_passing.py"
 
 
 def _launch_timeout_s() -> float:
-    for line in HARNESS.read_text().splitlines():
+    for line in CHECKS.read_text().splitlines():
         if line.startswith("LAUNCH_TIMEOUT_S"):
             return float(line.split("=")[1].split("#")[0])
-    raise AssertionError("harness.py no longer sets LAUNCH_TIMEOUT_S")
+    raise AssertionError("check_message_passing.py no longer sets LAUNCH_TIMEOUT_S")
 
 
 def _left_behind(marker: str) -> list[str]:
@@ -32,7 +32,7 @@ def _left_behind(marker: str) -> list[str]:
         except OSError:
             continue
         if state != "Z" and marker in env and any(name in cmd for name in ("course.mpi", "hydra_pmi_proxy",
-                                                                           "mpiexec")):
+                                                                           "mpiexec", "mpi_rank_main")):
             found.append(f"{entry} {cmd}")
     return found
 

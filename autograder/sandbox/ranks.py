@@ -525,8 +525,9 @@ def _start_mpi(job: dict):
     listener.listen(job["n"])
     listener.setblocking(False)
     env = dict(os.environ)
-    if job.get("count_wire"):
-        env.update(mpi.TCP_ONLY)
+    # Every message over loopback TCP, counted or not: the ranks share no memory, no /dev/shm and no
+    # unix socket (MPICH's shared-memory and UCX transports need them), only the network.
+    env.update(mpi.TCP_ONLY)
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     command = [mpi.mpiexec(), "-launcher", "fork", "-n", str(job["n"]), sys.executable, "-I", "-c", MPI_BOOT,
                package_root, address, json.dumps(job)]

@@ -2,21 +2,26 @@
 equation in 1D and 2D, ping-pong and the α–β fit.
 
 Every MPI part runs at 1, 2, 3 and 4 ranks on grids that split unevenly, in
-one job per part and rank count (see ``harness.py``), on a communicator that
-records each message and turns ``Send`` into ``Ssend``: a send order that
-deadlocks is stopped at the launcher's timeout and reported as such. The
-oracle is a serial loop over the points in plain Python floats, with the
-operation order the lab prescribes, so distributed results must equal it bit
-for bit.
+one rank job per part and rank count (see ``harness.py``): each rank has its own
+user, /tmp and /dev/shm, and receives only its own block of the grid with a ghost
+each side (the rest is NaN), so the network is the only way to its neighbours'
+values. The communicator records each message and turns ``Send`` into ``Ssend``:
+a send order that deadlocks is stopped at the launcher's timeout and reported as
+such. Grids, steps and the α–β fit's data are drawn from the grading's secret
+seed. The oracle is a serial loop over the points in plain Python floats, with
+the operation order the lab prescribes, in the grader, so distributed results
+must equal it bit for bit. What crossed in a halo exchange is the kernel's count,
+in all and per rank.
 """
 import numpy as np
 import pytest
 
+from autograder.grading import seeds
 from autograder.grading.checking import expect_array, expect_close, with_the_work
-from autograder.grading.submission import NotImplementedYet, SubmissionError
-from autograder.grading.traffic import MPI_HEADER_BYTES, expect_crossed
+from autograder.grading.rank_jobs import crossed_in_phases, per_rank_in_phase
+from autograder.grading.submission import failure_from
+from autograder.grading.traffic import MPI_HEADER_BYTES, expect_crossed, expect_sent_by_rank
 
-SEED = 2026
 RANKS = (1, 2, 3, 4)
 # Interior points: on 3 and 4 ranks every one of these splits unevenly. The halo cases add 401, blocks
 # of 100 or more, so that sending a block where a cell would do shows in the count of what crossed;
@@ -25,37 +30,72 @@ INTERIOR_1D = (4, 7, 10, 11)
 INTERIOR_HALO_1D = INTERIOR_1D + (401,)
 SHAPES_2D = ((7, 8), (9, 11), (6, 5))  # interior rows 5, 7, 4
 STEPS, ALPHA_1D, ALPHA_2D = 25, 0.23, 0.2
+LAUNCH_TIMEOUT_S = 15  # per job; lab.toml's timeout_s is larger, so the launcher's report comes back
+COUNTED_RANKS = 4  # halo exchanges are counted on this many ranks (MPICH over TCP costs a little more per job)
+COUNTED = ("halo_1d", "halo_1d_nonblocking", "halo_rows")
 
 
-def _grid_1d(interior, k):
-    u = np.random.default_rng(SEED + k).random(interior + 2)
+def _grid_1d(seed, interior, k):
+    u = seeds.rng(seed, "05", "1d", interior, k).random(interior + 2)
     u[0], u[-1] = 1.0, -0.5  # fixed boundary values
     return u
 
 
-def _grid_2d(shape, k):
-    u = np.random.default_rng(SEED + 10 + k).random(shape)
+def _grid_2d(seed, shape, k):
+    u = seeds.rng(seed, "05", "2d", *shape, k).random(shape)
     u[0, :], u[-1, :], u[:, 0], u[:, -1] = 1.0, -1.0, 0.5, 0.25
     return u
 
 
-CASES_1D = [{"u": _grid_1d(m, k), "steps": STEPS, "alpha": ALPHA_1D} for k, m in enumerate(INTERIOR_HALO_1D)]
-CASES_HEAT_1D = CASES_1D[:len(INTERIOR_1D)]
-CASES_2D = [{"u": _grid_2d(shape, k), "steps": STEPS // 2, "alpha": ALPHA_2D} for k, shape in enumerate(SHAPES_2D)]
-CASES = {"halo_1d": CASES_1D, "halo_1d_nonblocking": CASES_1D, "heat_1d": CASES_HEAT_1D, "heat_1d_nonblocking": CASES_HEAT_1D,
-         "halo_rows": CASES_2D, "heat_2d": CASES_2D,
-         "ping_pong": [{"sizes": [8, 1000, 65536], "repeats": 3}]}
+def _cases(seed) -> dict:
+    """Every part's cases, drawn from the grading's secret seed."""
+    cases_1d = [{"u": _grid_1d(seed, m, k), "steps": STEPS, "alpha": ALPHA_1D} for k, m in enumerate(INTERIOR_HALO_1D)]
+    cases_2d = [{"u": _grid_2d(seed, shape, k), "steps": STEPS // 2, "alpha": ALPHA_2D}
+                for k, shape in enumerate(SHAPES_2D)]
+    heat_1d = cases_1d[:len(INTERIOR_1D)]
+    return {"halo_1d": cases_1d, "halo_1d_nonblocking": cases_1d, "heat_1d": heat_1d, "heat_1d_nonblocking": heat_1d,
+            "halo_rows": cases_2d, "heat_2d": cases_2d, "ping_pong": [{"sizes": [8, 1000, 65536], "repeats": 3}]}
 
 
-def _on_ranks(submission, part, n):
+def _own_part(part, case, n, rank):
+    """What rank ``rank`` of ``n`` receives of a case: its block of the grid and a ghost each side.
+    A halo exchange gets that block alone, its inner ghosts NaN (a neighbour must write them); a
+    heat run gets it in place in a grid of the whole shape, NaN elsewhere."""
+    if part == "ping_pong":
+        return dict(case)
+    u = case["u"]
+    lo, hi = _split(len(u) - 2, n, rank)
+    if part in COUNTED:
+        local = np.array(u[lo:hi + 2], dtype=float)
+        if rank > 0:
+            local[0] = np.nan
+        if rank < n - 1:
+            local[-1] = np.nan
+        return {"local": local, "counted": n == COUNTED_RANKS}
+    mine = np.full_like(u, np.nan)
+    mine[lo:hi + 2] = u[lo:hi + 2]
+    return {"u": mine, "steps": case["steps"], "alpha": case["alpha"]}
+
+
+def _on_ranks(submission, seed, part, n):
     """Every rank's ``{"results": [per case], "logs": [per case]}`` for one part on ``n`` ranks
-    (one job per part and rank count, shared by the checks that read it)."""
-    try:
-        return submission.harness_once((part, n), "run_on_ranks", part, n, CASES[part])
-    except NotImplementedYet:
-        raise
-    except SubmissionError as exc:  # say at which rank count it went wrong
-        raise type(exc)(f"on {n} rank(s): {exc}", exc.outcome) from None
+    (one job per part and rank count, shared by the checks that read it); rank 0's also holds,
+    for a counted halo exchange, the bytes that crossed in each case (``"wire"``) and what each
+    rank sent (``"sent_by_rank"``)."""
+    def run():
+        cases = submission.once("cases", lambda: _cases(seed))[part]
+        inputs = [{"part": part, "cases": [_own_part(part, case, n, rank) for case in cases]} for rank in range(n)]
+        job = submission.rank_job("mpi", "part_rank", inputs, timeout=LAUNCH_TIMEOUT_S,
+                                  count_wire=part in COUNTED and n == COUNTED_RANKS)
+        if job.status != "ok":
+            raise failure_from({"status": job.status, "message": job.explain()}, f"on {n} rank(s)")
+        found = [{"results": [r["result"] for r in outputs], "logs": [r["log"] for r in outputs]}
+                 for outputs in job.outputs]
+        if part in COUNTED and n == COUNTED_RANKS:
+            found[0]["wire"] = [crossed_in_phases(job, f"{part}:{k}", ("done",)) for k in range(len(cases))]
+            found[0]["sent_by_rank"] = [per_rank_in_phase(job, f"{part}:{k}", "done") for k in range(len(cases))]
+        return found
+    return submission.once((part, n), run)
 
 
 def _split(n, size, rank):
@@ -105,10 +145,11 @@ def check_split_rows(submission):
 
 # --- 2. Halo exchange in 1D ------------------------------------------------------
 
-def _check_halos(submission, part, what):
+def _check_halos(submission, seed, part, what):
+    cases = submission.once("cases", lambda: _cases(seed))[part]
     for n in RANKS:
-        job = _on_ranks(submission, part, n)
-        for k, case in enumerate(CASES[part]):
+        job = _on_ranks(submission, seed, part, n)
+        for k, case in enumerate(cases):
             u = case["u"]
             for rank in range(n):
                 lo, hi = _split(len(u) - 2, n, rank)
@@ -133,21 +174,25 @@ def _check_halos(submission, part, what):
             expect_crossed(submission, job[0]["wire"][k], "done", 2 * (n - 1) * cell, 2 * (n - 1),
                            f"{what} on {n} rank(s), case {k}", f"one ghost {'row' if u.ndim > 1 else 'cell'} "
                            f"of {cell} bytes each way across each of the {n - 1} boundaries", header=MPI_HEADER_BYTES)
+            # and from each rank, one ghost to each neighbour it has: the edges' ranks one, the others two
+            expect_sent_by_rank(job[0]["sent_by_rank"][k], [cell, cell] + [2 * cell] * (n - 2),
+                                f"{what} on {n} rank(s), case {k}", 2 * (n - 1), header=MPI_HEADER_BYTES)
 
 
 @pytest.mark.points(2)
-def check_exchange_halos(submission):
+def check_exchange_halos(submission, seed):
     """exchange_halos fills each ghost cell from its neighbour, sending only those, and leaves the domain's edges alone"""
-    _check_halos(submission, "halo_1d", "exchange_halos")
+    _check_halos(submission, seed, "halo_1d", "exchange_halos")
 
 
 # --- 3. The heat equation in 1D --------------------------------------------------
 
-def _check_heat(submission, part, serial, what):
-    wants = [serial(case["u"], case["steps"], case["alpha"])[1:-1] for case in CASES[part]]
+def _check_heat(submission, seed, part, serial, what):
+    cases = submission.once("cases", lambda: _cases(seed))[part]
+    wants = [serial(case["u"], case["steps"], case["alpha"])[1:-1] for case in cases]
     for n in RANKS:
-        job = _on_ranks(submission, part, n)
-        for k, case in enumerate(CASES[part]):
+        job = _on_ranks(submission, seed, part, n)
+        for k, case in enumerate(cases):
             blocks = [job[rank]["results"][k] for rank in range(n)]
             missing = [rank for rank, b in enumerate(blocks) if b is None]
             assert not missing, f"{what} on {n} rank(s): rank(s) {missing} returned None, not their block"
@@ -162,26 +207,26 @@ def _check_heat(submission, part, serial, what):
 
 
 @pytest.mark.points(3)
-def check_heat_1d_matches_serial(submission):
+def check_heat_1d_matches_serial(submission, seed):
     """run_heat_1d on 1-4 ranks equals the serial heat equation bit for bit (uneven splits)"""
-    _check_heat(submission, "heat_1d", _serial_1d, "run_heat_1d")
+    _check_heat(submission, seed, "heat_1d", _serial_1d, "run_heat_1d")
 
 
 # --- 4. Non-blocking halo exchange --------------------------------------------------
 
 @pytest.mark.points(2)
-def check_exchange_halos_nonblocking(submission):
+def check_exchange_halos_nonblocking(submission, seed):
     """exchange_halos_nonblocking fills the same ghost cells as exchange_halos"""
-    _check_halos(submission, "halo_1d_nonblocking", "exchange_halos_nonblocking")
+    _check_halos(submission, seed, "halo_1d_nonblocking", "exchange_halos_nonblocking")
 
 
 @pytest.mark.points(2)
-def check_nonblocking_posts_receives_before_waiting(submission):
+def check_nonblocking_posts_receives_before_waiting(submission, seed):
     """exchange_halos_nonblocking posts both Irecv before it waits, and uses no blocking call"""
     with_the_work("the non-blocking exchange's order",
-                  lambda: _check_halos(submission, "halo_1d_nonblocking", "exchange_halos_nonblocking"))
+                  lambda: _check_halos(submission, seed, "halo_1d_nonblocking", "exchange_halos_nonblocking"))
     for n in RANKS:
-        job = _on_ranks(submission, "halo_1d_nonblocking", n)
+        job = _on_ranks(submission, seed, "halo_1d_nonblocking", n)
         for rank in range(n):
             log = job[rank]["logs"][0]
             ops = [e["op"] for e in log]
@@ -203,34 +248,34 @@ def check_nonblocking_posts_receives_before_waiting(submission):
 
 
 @pytest.mark.points(2)
-def check_heat_1d_nonblocking_matches_serial(submission):
+def check_heat_1d_nonblocking_matches_serial(submission, seed):
     """run_heat_1d(..., nonblocking=True) on 1-4 ranks equals the serial heat equation bit for bit"""
-    _check_heat(submission, "heat_1d_nonblocking", _serial_1d, "run_heat_1d(nonblocking=True)")
+    _check_heat(submission, seed, "heat_1d_nonblocking", _serial_1d, "run_heat_1d(nonblocking=True)")
 
 
 # --- 5. The heat equation in 2D ------------------------------------------------------
 
 @pytest.mark.points(2)
-def check_exchange_halo_rows(submission):
+def check_exchange_halo_rows(submission, seed):
     """exchange_halo_rows fills the top ghost row from the rank above and the bottom one from the rank below, sending only those"""
-    _check_halos(submission, "halo_rows", "exchange_halo_rows")
+    _check_halos(submission, seed, "halo_rows", "exchange_halo_rows")
 
 
 @pytest.mark.points(3)
-def check_heat_2d_matches_serial(submission):
+def check_heat_2d_matches_serial(submission, seed):
     """run_heat_2d on 1-4 ranks equals the serial 2D heat equation bit for bit (uneven row splits)"""
-    _check_heat(submission, "heat_2d", _serial_2d, "run_heat_2d")
+    _check_heat(submission, seed, "heat_2d", _serial_2d, "run_heat_2d")
 
 
 # --- 6. Ping-pong and the α–β model ------------------------------------------------------
 
 @pytest.mark.points(2)
-def check_ping_pong(submission):
+def check_ping_pong(submission, seed):
     """ping_pong times each size between ranks 0 and 1 only, and returns one positive time per size"""
-    case = CASES["ping_pong"][0]
+    case = submission.once("cases", lambda: _cases(seed))["ping_pong"][0]
     sizes, repeats = case["sizes"], case["repeats"]
     for n in (2, 3):
-        job = _on_ranks(submission, "ping_pong", n)
+        job = _on_ranks(submission, seed, "ping_pong", n)
         times = job[0]["results"][0]
         assert isinstance(times, (list, tuple)) and len(times) == len(sizes), (
             f"on {n} ranks, rank 0 returned {times!r}: expected a list of {len(sizes)} times, one per size")
@@ -250,16 +295,23 @@ def check_ping_pong(submission):
                                           "round trips need at least that many (buffers of np.uint8, size bytes)")
 
 
-ALPHA, BETA = 3e-6, 2.5e-10  # 3 µs latency, 4 GB/s
 SIZES = np.unique(np.logspace(0, 7, 29).astype(np.int64))
 
 
+def _alpha_beta(seed, name):
+    """A latency of 1-10 µs and a bandwidth of 1-20 GB/s, drawn from the grading's secret seed."""
+    rng = seeds.rng(seed, "05", "alpha-beta", name)
+    return rng.uniform(1e-6, 1e-5), 1 / rng.uniform(1e9, 2e10)
+
+
 @pytest.mark.points(1)
-def check_fit_alpha_beta_exact(submission):
+def check_fit_alpha_beta_exact(submission, seed):
     """fit_alpha_beta recovers alpha and beta from noise-free times t = alpha + beta * n (also two fractional sizes)"""
     # 29 sizes from 1 B to 10 MB; then the smallest fit, two points, at sizes that are not whole
     # numbers (KiB, say): the line through them, exactly.
-    for sizes, alpha, beta in [(SIZES.astype(float), ALPHA, BETA), (np.array([0.5, 2.75]), 1.5, 0.25)]:
+    alpha, beta = _alpha_beta(seed, "exact")
+    small = seeds.rng(seed, "05", "two points").uniform(0.1, 3.0, 2)
+    for sizes, alpha, beta in [(SIZES.astype(float), alpha, beta), (np.array([0.5, 2.75]), *small)]:
         got = submission.call("heat_mpi.fit_alpha_beta", sizes, alpha + beta * sizes)
         assert isinstance(got, (tuple, list)) and len(got) == 2, f"expected (alpha, beta), got {got!r}"
         where = f" from {len(sizes)} sizes {sizes.min():g} to {sizes.max():g}"
@@ -268,10 +320,11 @@ def check_fit_alpha_beta_exact(submission):
 
 
 @pytest.mark.points(1)
-def check_fit_alpha_beta_noisy(submission):
+def check_fit_alpha_beta_noisy(submission, seed):
     """fit_alpha_beta is a least-squares fit: near the truth on noisy times, equal to lstsq"""
-    rng = np.random.default_rng(SEED)
-    sizes = np.repeat(np.linspace(0, 2e5, 21), 5)
+    ALPHA, BETA = _alpha_beta(seed, "noisy")
+    rng = seeds.rng(seed, "05", "noise")
+    sizes = np.repeat(np.linspace(0, 2e5, 21), 5)  # whole bytes
     times = ALPHA + BETA * sizes + rng.normal(0, 0.1 * ALPHA, sizes.size)
     got = submission.call("heat_mpi.fit_alpha_beta", sizes, times)
     assert isinstance(got, (tuple, list)) and len(got) == 2, f"expected (alpha, beta), got {got!r}"
