@@ -14,22 +14,46 @@ def call_repeatedly(name, times, *args):
 
 
 def parallel_loops(name, *args):
-    """How many of the function's ``prange`` loops numba made parallel (0: none).
+    """What numba made of the function's ``prange`` loops: ``{"loops": how many it made
+    parallel (0: none; -1: not compiled with ``@njit(parallel=True)``), "reads": the
+    function's arguments those loops index}``.
 
     Only loops written with ``prange`` count: under ``parallel=True`` numba also
     parallelises whole-array NumPy (``np.zeros``, ``a.sum(axis=0)``), which a
-    function with every loop a plain ``range`` still has.
-    Returns -1 when the function is not compiled with ``@njit(parallel=True)``.
+    function with every loop a plain ``range`` still has. Which arguments a parallel
+    loop's body reads (``x[i]``, through any plain alias) says whether the work happens
+    in it, or the loop only copies what whole-array NumPy computed before it.
     """
+    from numba.core import ir
+
     fn = _function(name)
     fn(*args)  # compile for these argument types
     if not getattr(fn, "targetoptions", {}).get("parallel"):
-        return -1
+        return {"loops": -1, "reads": []}
     diagnostics = fn.get_metadata(fn.signatures[-1]).get("parfor_diagnostics")
     if diagnostics is None:
-        return 0
-    return sum(1 for parfor in diagnostics.initial_parfors
-               if any(isinstance(pattern, tuple) and pattern and pattern[0] == "prange" for pattern in parfor.patterns))
+        return {"loops": 0, "reads": []}
+    arguments = set(diagnostics.func_ir.arg_names)
+    aliases = {}  # variable -> the argument it is, through plain assignments and SSA's renamings
+    for block in diagnostics.func_ir.blocks.values():
+        for stmt in block.body:
+            if isinstance(stmt, ir.Assign) and isinstance(stmt.value, (ir.Var, ir.Arg)):
+                source = stmt.value.name
+                aliases[stmt.target.name] = aliases.get(source, source)
+    loops, reads = 0, set()
+    for parfor in diagnostics.initial_parfors:
+        if not any(isinstance(pattern, tuple) and pattern and pattern[0] == "prange" for pattern in parfor.patterns):
+            continue
+        loops += 1
+        for block in parfor.loop_body.values():
+            for stmt in block.body:
+                if isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Expr) \
+                        and stmt.value.op in ("getitem", "static_getitem"):
+                    var = stmt.value.value.name
+                    origin = aliases.get(var, var).split(".")[0]
+                    if origin in arguments:
+                        reads.add(origin)
+    return {"loops": loops, "reads": sorted(reads)}
 
 
 def histogram_runs(cases, contended, times, loop_args):
