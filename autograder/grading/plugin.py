@@ -57,10 +57,11 @@ DRY_RUN_SKIPPED = "GPU tier; dry run skipped (awards nothing): "
 
 
 class GradingPlugin:
-    """``dry_run_gpu`` (CPU tier only): the ``gpu`` checks run instead of being skipped, at
-    tiny sizes on the stand-ins of ``course.gpu_stand_in`` (their ``gpu_dry_run`` fixture
-    is True), and are reported as skipped, saying whether the dry run passed: never
-    passed, never a point."""
+    """``dry_run_gpu`` (CPU tier only): the ``gpu`` checks that take the ``gpu_dry_run``
+    fixture run instead of being skipped, at tiny sizes on the stand-ins of
+    ``course.gpu_stand_in`` (the fixture is True), and are reported as skipped, saying
+    whether the dry run passed: never passed, never a point. Other ``gpu`` checks (labs
+    07 and 12 for now) stay skipped, saying they have no dry run."""
 
     def __init__(self, submission: Submission, tier: str, missing: str | None = None, on_result=None,
                  seed: int = 0, dry_run_gpu: bool = False):
@@ -108,8 +109,15 @@ class GradingPlugin:
 
     def pytest_collection_modifyitems(self, items):
         for item in items:
-            if item.get_closest_marker("gpu") and self._tier != "gpu" and not self._dry_run_gpu:
-                item.add_marker(pytest.mark.skip(reason=f"needs a CUDA GPU (GPU tier); this run is {self._tier.upper()} tier"))
+            if item.get_closest_marker("gpu") and self._tier != "gpu" and not self._dry_runs(item):
+                why = "; it has no dry run" if self._dry_run_gpu else ""
+                item.add_marker(pytest.mark.skip(
+                    reason=f"needs a CUDA GPU (GPU tier); this run is {self._tier.upper()} tier{why}"))
+
+    def _dry_runs(self, item) -> bool:
+        """Whether ``item``, a ``gpu`` check, runs as a dry run: in a dry run, if it takes the
+        ``gpu_dry_run`` fixture (it knows its tiny sizes); the others stay skipped."""
+        return self._dry_run_gpu and "gpu_dry_run" in getattr(item, "fixturenames", ())
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item, call):
@@ -119,7 +127,7 @@ class GradingPlugin:
         max_points = float(marker.args[0]) if marker else 1.0
         if report.when == "setup":
             self._started[item.nodeid] = time.monotonic()
-        if self._dry_run_gpu and item.get_closest_marker("gpu"):
+        if self._dry_runs(item) and item.get_closest_marker("gpu"):
             if report.skipped or (report.failed and report.when in ("setup", "call")):
                 if report.skipped:
                     why = call.excinfo.value.msg if call.excinfo and hasattr(call.excinfo.value, "msg") else "skipped"
