@@ -1,4 +1,4 @@
-"""The two numba kernels of ``course.gpu_timing.NumbaDevice``: hashed inputs and the L2 flush.
+"""The two numba kernels of ``course.gpu_devices.NumbaDevice``: hashed inputs and the L2 flush.
 
 ``hashed`` is ``course.gpu_timing.hashed`` element by element (the grader computes the
 same numbers with NumPy). Imported only once numba.cuda may be imported.

@@ -1,6 +1,6 @@
 """Stand-ins for the CUDA calls of the GPU tier, so that its code runs on the CPU tier.
 
-The GPU tier's harness functions and ``course.gpu_timing`` are written against
+The GPU tier's harness functions and ``course.gpu_devices`` are written against
 CuPy, numba.cuda and torch's CUDA calls. On a machine without a GPU they would
 meet their first ``AttributeError`` on the first GPU run. A dry run instead runs
 the same code on these stand-ins, at tiny sizes:

@@ -103,3 +103,28 @@ def test_the_spin_kernel_of_lab_04s_pipeline_compiles_with_nvrtc():
         for placeholder in ("float", "double"):
             result = gpu_compile.compile_cuda_c(gpu_compile.elementwise_source(kernel, placeholder), cc)
             assert result["ok"], result
+
+
+def test_gpu_checks_without_a_dry_run_stay_skipped_saying_so():
+    """A GPU check that does not take the gpu_dry_run fixture (labs 07 and 12 for now) does not
+    know its tiny sizes: a dry run leaves it skipped, and says it has no dry run."""
+    from autograder.grading.plugin import GradingPlugin
+
+    class Check:
+        def __init__(self, *fixtures):
+            self.fixturenames, self.added = fixtures, []
+
+        def get_closest_marker(self, name):
+            return name == "gpu" or None
+
+        def add_marker(self, mark):
+            self.added.append(mark)
+
+    knows, does_not = Check("submission", "gpu_dry_run"), Check("submission", "metrics")
+    GradingPlugin(None, "cpu", dry_run_gpu=True).pytest_collection_modifyitems([knows, does_not])
+    assert knows.added == []
+    assert [m.kwargs["reason"] for m in does_not.added] == [
+        "needs a CUDA GPU (GPU tier); this run is CPU tier; it has no dry run"]
+    plain = Check("submission", "gpu_dry_run")
+    GradingPlugin(None, "cpu").pytest_collection_modifyitems([plain])
+    assert [m.kwargs["reason"] for m in plain.added] == ["needs a CUDA GPU (GPU tier); this run is CPU tier"]

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from autograder.grading import timed
-from course import gpu_timing
+from course import gpu_devices, gpu_timing
+from course.gpu_devices import CupyDevice, NumbaDevice
 from course.gpu_stand_in import CUPY_NAMES, STAND_IN_CARD, StandIn
-from course.gpu_timing import CupyDevice, NumbaDevice, bench, hashed, sample_positions
+from course.gpu_timing import bench, hashed, sample_positions
 
 # What an H100 SXM's attributes say (132 SMs at 1980 MHz, HBM3 at 2619 MHz on 5120 bits):
 # 3.35 TB/s and 67 TFLOP/s FP32.
@@ -243,9 +244,9 @@ def test_device_gives_the_stand_ins_on_the_cpu_tier(monkeypatch):
     the student's `import cupy` finds for the rest of that (one-call) process."""
     monkeypatch.setitem(sys.modules, "cupy", None)
     monkeypatch.setitem(sys.modules, "cupyx", None)
-    dev = gpu_timing.device("cupy")
+    dev = gpu_devices.device("cupy")
     assert dev.info.stand_in and sys.modules["cupy"] is dev.xp and dev.torch_device == "cpu"
-    assert gpu_timing.device("numba").info.name == STAND_IN_CARD.name
+    assert gpu_devices.device("numba").info.name == STAND_IN_CARD.name
 
 
 def test_the_numba_kernels_of_the_timing_helper_compile_for_the_gpu_targets():

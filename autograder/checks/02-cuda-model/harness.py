@@ -122,9 +122,9 @@ def saxpy_bandwidth(n, seeds, a, warmup=1):
     ``course.gpu_timing.bench``: new x and y for every run (hashed from the run's
     seed), the L2 flushed before it, CUDA events around it, and the output at the
     positions the grader checks coming back."""
-    from course import gpu_timing
+    from course import gpu_devices, gpu_timing
 
-    dev = gpu_timing.device("numba")
+    dev = gpu_devices.device("numba")
     kernel = _kernel("saxpy_kernel")
     block = 256
     grid = math.ceil(n / block)

@@ -130,9 +130,9 @@ def numpy_view_of_torch(values):
 # before each run, and what the grader rechecks coming back.
 
 def _device():
-    from course import gpu_timing
+    from course import gpu_devices
 
-    return gpu_timing.device("cupy")
+    return gpu_devices.device("cupy")
 
 
 def _kind(result, device_input) -> str:
@@ -195,14 +195,15 @@ _SPIN = None
 
 
 def _spin_kernel():
-    # Compute whose length we choose: `n` dependent multiply-adds per element.
+    # Compute whose length we choose: `n` dependent multiply-adds per element. They converge
+    # to 1 whatever x is, so y adds x back: each result still says which input it came from.
     global _SPIN
     if _SPIN is None:
         import cupy as cp
 
         _SPIN = cp.ElementwiseKernel(
             "T x, int32 n", "T y",
-            "T v = x; for (int i = 0; i < n; ++i) { v = v * T(0.999) + T(0.001); } y = v;",
+            "T v = x; for (int i = 0; i < n; ++i) { v = v * T(0.99) + T(0.01); } y = v + x;",
             "k2c_spin")
     return _SPIN
 
