@@ -73,7 +73,7 @@ class Device:
 
 class CupyDevice(Device):
     """CuPy's device: CuPy arrays, CuPy's events on the current stream. ``cp`` is CuPy or its
-    stand-in (``course.gpu_stand_in.fake_cupy``)."""
+    stand-in (``course.gpu_stand_in.StandIn.cupy``)."""
 
     def __init__(self, cp=None):
         super().__init__()
@@ -146,7 +146,7 @@ class CupyDevice(Device):
 class NumbaDevice(Device):
     """numba.cuda's device: its device arrays and events, and two small kernels of its own
     (the hashed inputs, the L2 flush). ``cuda`` is ``numba.cuda`` or its stand-in
-    (``course.gpu_stand_in.fake_numba_cuda``: the simulator with host-clock events)."""
+    (``course.gpu_stand_in.StandIn.numba_cuda``: the simulator with host-clock events)."""
 
     def __init__(self, cuda=None):
         super().__init__()
