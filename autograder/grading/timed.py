@@ -13,8 +13,8 @@ its output. Here, in the grader's process, :func:`judge`
    record (``course.gpu_timing.floor_seconds``);
 4. takes the median of the runs.
 
-:func:`draw_seeds` draws the seeds fresh for every grading (``secrets``), so no
-run's inputs can be known before the call that times it.
+:func:`draw_seeds` draws the runs' seeds from the grading's secret seed, fresh for every
+grading, so no run's inputs can be known before the call that times it.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autograder.grading import seeds
 from course.gpu_timing import floor_seconds, scale_of
 
 
@@ -50,16 +51,19 @@ class Timed:
                 f"{self.warmup} warm-up (new inputs, L2 flushed and output checked every run; {clock}); {floor}")
 
 
-def draw_seeds(count: int) -> list[int]:
-    """``count`` fresh 32-bit seeds, one per timed run. Their ``scale_of`` (and so their
-    residues mod 1024) all differ, so no two runs of a reduction share their inputs."""
-    seeds, scales = [], set()
-    while len(seeds) < count:
-        seed = secrets.randbits(32)
+def draw_seeds(count: int, grading_seed: int | None = None, *names) -> list[int]:
+    """``count`` 32-bit seeds, one per timed run: drawn from the grading's secret seed and
+    the measurement's ``names`` (``autograder.grading.seeds``: ``K2C_GRADING_SEED`` draws
+    them again), or, without one, from ``secrets``. Their ``scale_of`` (their residues mod
+    1024) all differ, so no two runs of a reduction share their inputs."""
+    rng = seeds.rng(grading_seed, "timed runs", *names) if grading_seed is not None else None
+    found, scales = [], set()
+    while len(found) < count:
+        seed = int(rng.integers(0, 2**32)) if rng is not None else secrets.randbits(32)
         if scale_of(seed) not in scales:
-            seeds.append(seed)
+            found.append(seed)
             scales.add(scale_of(seed))
-    return seeds
+    return found
 
 
 def sample_problem(got, want, positions, rtol: float, atol: float = 0.0) -> str | None:

@@ -278,10 +278,10 @@ def _copy_recheck(n):
 
 @pytest.mark.gpu
 @pytest.mark.points(3)
-def check_saxpy_bandwidth(submission, metrics, gpu_dry_run):
+def check_saxpy_bandwidth(submission, metrics, gpu_dry_run, seed):
     """saxpy_kernel streams at a good fraction of device-copy bandwidth"""
     n, runs = (1000, 2) if gpu_dry_run else (1 << 26, 10)
-    m = submission.harness("saxpy_bandwidth", n, timed.draw_seeds(runs), SAXPY_A)
+    m = submission.harness("saxpy_bandwidth", n, timed.draw_seeds(runs, seed, "saxpy_bandwidth"), SAXPY_A)
     saxpy = timed.judge(m["saxpy"], "saxpy_kernel", _saxpy_recheck(n, SAXPY_A), moved_bytes=3 * 4 * n,
                         dry_run=gpu_dry_run)
     copy = timed.judge(m["copy"], "device-to-device copy", _copy_recheck(n), moved_bytes=2 * 4 * n,

@@ -493,10 +493,10 @@ def _ratio_check(metrics, ours, theirs, names, work, unit, threshold, what, hint
 
 @pytest.mark.gpu
 @pytest.mark.points(2)
-def check_reduce_speed(submission, metrics, gpu_dry_run):
+def check_reduce_speed(submission, metrics, gpu_dry_run, seed):
     """block_sum_kernel: bandwidth as a fraction of cupy.sum's (2^27 floats)"""
     n, runs = (512, 2) if gpu_dry_run else (1 << 27, 10)
-    base_seed, *seeds = timed.draw_seeds(runs + 1)
+    base_seed, *seeds = timed.draw_seeds(runs + 1, seed, "reduce_speed")
     m = submission.harness("reduce_vs_cupy_sum", n, base_seed, seeds)
     recheck = _sum_recheck(n, base_seed)
     ours = timed.judge(m["ours"], "block_sum_kernel (two passes)", recheck, moved_bytes=4 * n, dry_run=gpu_dry_run)
@@ -508,10 +508,10 @@ def check_reduce_speed(submission, metrics, gpu_dry_run):
 
 @pytest.mark.gpu
 @pytest.mark.points(2)
-def check_matmul_speed(submission, metrics, gpu_dry_run):
+def check_matmul_speed(submission, metrics, gpu_dry_run, seed):
     """tiled_matmul_kernel: FLOP/s as a fraction of cuBLAS FP32 (TF32 off) at 4096 x 4096"""
     n, runs = (16, 2) if gpu_dry_run else (4096, 5)
-    m = submission.harness("matmul_vs_cublas", n, timed.draw_seeds(runs))
+    m = submission.harness("matmul_vs_cublas", n, timed.draw_seeds(runs, seed, "matmul_speed"))
     recheck = _matmul_recheck(n)
     work = {"flops": 2 * n**3, "moved_bytes": 3 * 4 * n * n}
     ours = timed.judge(m["ours"], "tiled_matmul_kernel", recheck, dry_run=gpu_dry_run, **work)
@@ -523,10 +523,10 @@ def check_matmul_speed(submission, metrics, gpu_dry_run):
 
 @pytest.mark.gpu
 @pytest.mark.points(2)
-def check_histogram_speed(submission, metrics, gpu_dry_run):
+def check_histogram_speed(submission, metrics, gpu_dry_run, seed):
     """histogram_kernel: values per second as a fraction of cupy.bincount's (2^27 values, 256 bins)"""
     (n, runs), n_bins = ((1024, 2) if gpu_dry_run else (1 << 27, 10)), 256
-    base_seed, *seeds = timed.draw_seeds(runs + 1)
+    base_seed, *seeds = timed.draw_seeds(runs + 1, seed, "histogram_speed")
     m = submission.harness("histogram_vs_bincount", n, n_bins, base_seed, seeds)
     recheck = _histogram_recheck(n, n_bins, base_seed)
     ours = timed.judge(m["ours"], "histogram_kernel", recheck, moved_bytes=4 * n, dry_run=gpu_dry_run)

@@ -360,11 +360,11 @@ def _copy_recheck(size):
 
 @pytest.mark.gpu
 @pytest.mark.points(2)
-def check_fused_faster_than_unfused(submission, metrics, gpu_dry_run):
+def check_fused_faster_than_unfused(submission, metrics, gpu_dry_run, seed):
     """The fused bias+GELU kernel beats the one-operation-at-a-time version"""
     (rows, cols), runs = ((32, 64), 2) if gpu_dry_run else ((8192, 8192), 10)
     size = rows * cols
-    m = submission.harness("fused_vs_unfused", rows, cols, timed.draw_seeds(runs))
+    m = submission.harness("fused_vs_unfused", rows, cols, timed.draw_seeds(runs, seed, "fused_faster_than_unfused"))
     gelu = _gelu_recheck(size, cols)
     fused = timed.judge(m["fused"], "bias_gelu (fused)", gelu, moved_bytes=2 * 4 * size, dry_run=gpu_dry_run)
     unfused = timed.judge(m["unfused"], "bias + GELU, one CuPy operation at a time", gelu,
@@ -415,10 +415,10 @@ def _spin_recheck(n_chunks, chunk_elems, base_seed, spins):
 
 @pytest.mark.gpu
 @pytest.mark.points(3)
-def check_pipeline_overlap_speedup(submission, metrics, gpu_dry_run):
+def check_pipeline_overlap_speedup(submission, metrics, gpu_dry_run, seed):
     """On the GPU, the pipeline beats the serial schedule when copies and compute are balanced"""
     n_chunks, chunk_elems, runs, max_spins = (4, 256, 2, 8) if gpu_dry_run else (8, 32 * 2**20 // 4, 3, 1 << 16)
-    base_seed, *seeds = timed.draw_seeds(runs + 1)
+    base_seed, *seeds = timed.draw_seeds(runs + 1, seed, "pipeline_overlap_speedup")
     m = submission.harness("overlap_speedup", n_chunks, chunk_elems, 3, base_seed, seeds, max_spins)
     recheck = _spin_recheck(n_chunks, chunk_elems, base_seed, m["spins"])
     work = {"flops": 2 * m["spins"] * chunk_elems * n_chunks, "moved_bytes": 2 * 4 * chunk_elems * n_chunks}
@@ -471,10 +471,10 @@ def _matmul_at(m):
 
 @pytest.mark.gpu
 @pytest.mark.points(1)
-def check_roofline_measured(submission, metrics, gpu_dry_run):
+def check_roofline_measured(submission, metrics, gpu_dry_run, seed):
     """The measured roofline of this GPU places bias+GELU and matmul on the right side of the ridge"""
     (n, m_size), runs = ((4096, 32), 2) if gpu_dry_run else ((1 << 26, 8192), 5)
-    got = submission.harness("roofline_measured", n, m_size, timed.draw_seeds(runs))
+    got = submission.harness("roofline_measured", n, m_size, timed.draw_seeds(runs, seed, "roofline_measured"))
     copy = timed.judge(got["copy"], "device copy", _sampled_recheck(n, lambda seed, where: gpu_timing.hashed(
         np, seed, None, positions=where)), moved_bytes=2 * 4 * n, dry_run=gpu_dry_run)
     matmul = timed.judge(got["matmul"], "cuBLAS FP32 matmul (TF32 off)", _sampled_recheck(m_size**2, _matmul_at(m_size)),
