@@ -58,6 +58,7 @@ its oracles.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -76,7 +77,7 @@ UNKNOWN_LANES = 256
 
 # Peak DRAM bandwidth (GB/s) and FP32 rate without tensor cores (TFLOP/s) from the
 # vendor's data sheets, for cards whose attributes are unreadable (CUDA 13 dropped the
-# clock fields from cudaDeviceProp). Matched by the longest name fragment first.
+# clock fields from cudaDeviceProp). Matched as whole words of the name, the longest first.
 KNOWN_CARDS = {
     "H200": (4800, 67.0), "H100 NVL": (3900, 60.0), "H100 PCIe": (2000, 51.0), "H100": (3350, 67.0),
     "A100-SXM4-80GB": (2039, 19.5), "A100 80GB PCIe": (1935, 19.5), "A100": (1555, 19.5),
@@ -114,7 +115,8 @@ def peaks(record: dict) -> dict:
         found["fp32"].append((2 * lanes * record["multiprocessors"] * record["sm_clock_max_khz"] * 1e3,
                               "attributes"))
     for fragment in sorted(KNOWN_CARDS, key=len, reverse=True):
-        if fragment.lower() in str(record.get("name", "")).lower():
+        # A whole word of the name: "L4" is not the "L4" of "NVIDIA L40", a card three times faster.
+        if re.search(rf"(?<![\w-]){re.escape(fragment)}(?![\w])", str(record.get("name", "")), re.IGNORECASE):
             bandwidth_gbs, tflops = KNOWN_CARDS[fragment]
             found["bandwidth"].append((bandwidth_gbs * 1e9, f"data sheet of {fragment}"))
             found["fp32"].append((tflops * 1e12, f"data sheet of {fragment}"))

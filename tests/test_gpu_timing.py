@@ -181,6 +181,9 @@ def test_the_record_holds_the_device_its_versions_and_its_peaks(clock):
 def test_peaks_come_from_attributes_or_the_data_sheet_whichever_is_higher():
     assert gpu_timing.peaks({"name": "Tesla T4"}) == {"bandwidth": 320e9, "bandwidth_source": "data sheet of T4",
                                                       "fp32": 8.1e12, "fp32_source": "data sheet of T4"}
+    # Whole words of the name: an L40 (864 GB/s) is not held to the L4's 300 GB/s.
+    assert gpu_timing.peaks({"name": "NVIDIA L40"})["bandwidth"] is None
+    assert gpu_timing.peaks({"name": "NVIDIA A100-PCIE-40GB"})["bandwidth_source"] == "data sheet of A100"
     unknown = {"name": "a card nobody knows"}
     assert gpu_timing.floor_seconds(unknown, moved_bytes=1e9, flops=1e12) == (
         0.0, "no floor: the card's peak bandwidth and FP32 rate are unknown")
