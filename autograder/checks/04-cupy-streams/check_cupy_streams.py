@@ -477,8 +477,9 @@ def check_roofline_measured(submission, metrics, gpu_dry_run, seed):
     got = submission.harness("roofline_measured", n, m_size, timed.draw_seeds(runs, seed, "roofline_measured"))
     copy = timed.judge(got["copy"], "device copy", _sampled_recheck(n, lambda seed, where: gpu_timing.hashed(
         np, seed, None, positions=where)), moved_bytes=2 * 4 * n, dry_run=gpu_dry_run)
-    matmul = timed.judge(got["matmul"], "cuBLAS FP32 matmul (TF32 off)", _sampled_recheck(m_size**2, _matmul_at(m_size)),
-                         flops=2 * m_size**3, moved_bytes=3 * 4 * m_size**2, dry_run=gpu_dry_run)
+    matmul = timed.judge(got["matmul"], "cuBLAS FP32 matmul (TF32 off)",
+                         _sampled_recheck(m_size**2, _matmul_at(m_size)), flops=2 * m_size**3,
+                         moved_bytes=3 * 4 * m_size**2, dry_run=gpu_dry_run)
     gelu = timed.judge(got["bias_gelu"], "bias_gelu", _gelu_recheck(n, 1024), moved_bytes=2 * 4 * n,
                        dry_run=gpu_dry_run)
     copy_bw, matmul_flops = 2 * 4 * n / copy.median_s, 2 * m_size**3 / matmul.median_s
