@@ -51,14 +51,19 @@ def _grade(args) -> int:
     if args.list:
         return _list(labs, args.k, args.format)
     tier = resolve_tier(args.tier)
+    if args.dry_run_gpu and tier != "cpu":
+        raise UsageError("--dry-run-gpu runs the GPU tier's checks on stand-ins on the CPU tier: this run is GPU "
+                         "tier, which runs them for real (use --tier cpu for a dry run)")
     ready_to_grade(labs)  # before any check: no score from a machine that cannot grade
     root = Path(args.submission) if args.submission else _default_submission()
     results = []
     for lab in labs:
-        sys.stderr.write(f"grading {lab.slug} ({tier.upper()} tier, {root}) ")
+        dry = ", GPU checks as a dry run" if args.dry_run_gpu else ""
+        sys.stderr.write(f"grading {lab.slug} ({tier.upper()} tier{dry}, {root}) ")
         sys.stderr.flush()
         try:
-            result = grade(lab, root, tier, timeout_s=args.timeout, select=args.k, on_result=_progress)
+            result = grade(lab, root, tier, timeout_s=args.timeout, select=args.k, on_result=_progress,
+                           dry_run_gpu=args.dry_run_gpu)
         except NoCheckSelected:
             if len(labs) == 1:
                 sys.stderr.write("\n")
@@ -269,6 +274,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--require-full", action="store_true", help="exit 1 when the score is below the maximum")
     g.add_argument("-k", metavar="EXPR", help="only the checks whose names match (pytest -k syntax)")
     g.add_argument("--list", action="store_true", help="list the checks (name, points, title; --format json too) and grade nothing")
+    g.add_argument("--dry-run-gpu", action="store_true",
+                   help="CPU tier: run the GPU tier's checks at tiny sizes on stand-in devices instead of skipping "
+                        "them; they show as skipped ('dry run passed' or why not) and award nothing")
     g.set_defaults(run=cmd_grade)
 
     c = sub.add_parser("grade-class", help="grade a folder of submissions (one folder or zip per student) into a gradebook")

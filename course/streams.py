@@ -59,11 +59,14 @@ def backend():
 class CupyStreams:
     """The operations on a CUDA device, with CuPy (``pip install 'k2c[gpu]'``)."""
 
-    def __init__(self):
-        import cupy
-        import cupyx
+    def __init__(self, cp=None, cpx=None):
+        """``cp``, ``cpx``: CuPy and cupyx, or their stand-ins (``course.gpu_stand_in``)."""
+        if cp is None:
+            import cupy as cp
+        if cpx is None:
+            import cupyx as cpx
 
-        self._cp, self._cpx = cupy, cupyx
+        self._cp, self._cpx = cp, cpx
 
     def stream(self):
         # non_blocking: no implicit synchronization with the legacy default stream

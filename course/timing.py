@@ -1,4 +1,5 @@
-"""Timing that a lecture can trust: warm-up runs, repeats, and the median."""
+"""Timing that a lecture can trust: warm-up runs, repeats, and the median. (The GPU tier's graded
+times go through ``course.gpu_timing``: fresh inputs, an L2 flush, a floor at the card's peak.)"""
 from __future__ import annotations
 
 import statistics

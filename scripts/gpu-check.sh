@@ -6,7 +6,9 @@
 # It needs numba + numba-cuda (and, for later modules, cupy, mpi4py, torch); no
 # install step, no network: the grader runs from this checkout. It stops itself
 # after 8 minutes. Commit OUTPUT_DIR/latest.md and gpu-check.json afterwards: the docs
-# show the table.
+# show the table. Without a GPU, `k2c grade 02,03,04 --dry-run-gpu --format json -o F`
+# runs the same checks on stand-ins (they award nothing), and scripts/gpu_table.py F
+# makes the same table from it, saying it is a dry run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-docs/gpu-results}

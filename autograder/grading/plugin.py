@@ -51,14 +51,26 @@ def _status_and_feedback(excinfo) -> tuple[str, str]:
     return "error", f"{type(exc).__name__}: {str(exc)[:500]}"
 
 
+DRY_RUN_PASSED = "GPU tier; dry run passed on a stand-in device (awards nothing)"
+DRY_RUN_FAILED = "GPU tier; dry run FAILED on a stand-in device (awards nothing): "
+DRY_RUN_SKIPPED = "GPU tier; dry run skipped (awards nothing): "
+
+
 class GradingPlugin:
+    """``dry_run_gpu`` (CPU tier only): the ``gpu`` checks that take the ``gpu_dry_run``
+    fixture run instead of being skipped, at tiny sizes on the stand-ins of
+    ``course.gpu_stand_in`` (the fixture is True), and are reported as skipped, saying
+    whether the dry run passed: never passed, never a point. Other ``gpu`` checks (labs
+    07 and 12 for now) stay skipped, saying they have no dry run."""
+
     def __init__(self, submission: Submission, tier: str, missing: str | None = None, on_result=None,
-                 seed: int = 0):
+                 seed: int = 0, dry_run_gpu: bool = False):
         self._submission = submission
         self._tier = tier
         self.grading_seed = seed
         self._missing = missing
         self._on_result = on_result
+        self._dry_run_gpu = dry_run_gpu and tier != "gpu"
         self.results: list[CheckResult] = []
         self._started: dict[str, float] = {}
         self._metrics: dict[str, dict] = {}
@@ -81,6 +93,11 @@ class GradingPlugin:
         return self.grading_seed
 
     @pytest.fixture
+    def gpu_dry_run(self) -> bool:
+        """Whether a ``gpu`` check runs as a dry run on the CPU tier: tiny sizes, stand-ins."""
+        return self._dry_run_gpu
+
+    @pytest.fixture
     def metrics(self, request) -> dict:
         """A dict a check fills with what it measured; it goes into the report."""
         found = {}
@@ -92,8 +109,15 @@ class GradingPlugin:
 
     def pytest_collection_modifyitems(self, items):
         for item in items:
-            if item.get_closest_marker("gpu") and self._tier != "gpu":
-                item.add_marker(pytest.mark.skip(reason=f"needs a CUDA GPU (GPU tier); this run is {self._tier.upper()} tier"))
+            if item.get_closest_marker("gpu") and self._tier != "gpu" and not self._dry_runs(item):
+                why = "; it has no dry run" if self._dry_run_gpu else ""
+                item.add_marker(pytest.mark.skip(
+                    reason=f"needs a CUDA GPU (GPU tier); this run is {self._tier.upper()} tier{why}"))
+
+    def _dry_runs(self, item) -> bool:
+        """Whether ``item``, a ``gpu`` check, runs as a dry run: in a dry run, if it takes the
+        ``gpu_dry_run`` fixture (it knows its tiny sizes); the others stay skipped."""
+        return self._dry_run_gpu and "gpu_dry_run" in getattr(item, "fixturenames", ())
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item, call):
@@ -103,6 +127,17 @@ class GradingPlugin:
         max_points = float(marker.args[0]) if marker else 1.0
         if report.when == "setup":
             self._started[item.nodeid] = time.monotonic()
+        if self._dry_runs(item) and item.get_closest_marker("gpu"):
+            if report.skipped or (report.failed and report.when in ("setup", "call")):
+                if report.skipped:
+                    why = call.excinfo.value.msg if call.excinfo and hasattr(call.excinfo.value, "msg") else "skipped"
+                    feedback = DRY_RUN_SKIPPED + str(why)
+                else:
+                    feedback = DRY_RUN_FAILED + _status_and_feedback(call.excinfo)[1]
+                self._record(item, max_points, "skipped", feedback, self._elapsed(item))
+            elif report.passed and report.when == "call":
+                self._record(item, max_points, "skipped", DRY_RUN_PASSED, self._elapsed(item))
+            return
         if report.skipped:
             reason = call.excinfo.value.msg if call.excinfo and hasattr(call.excinfo.value, "msg") else "skipped"
             self._record(item, max_points, "skipped", str(reason), 0.0)

@@ -23,10 +23,12 @@ def _pts(x: float) -> str:
 
 
 def _metrics(metrics: dict) -> str:
-    """``sm_80: registers 18, shared_bytes 0; sm_90: ...`` for nested dicts, ``k v, ...`` for flat ones."""
+    """``sm_80: registers 18, shared_bytes 0; sm_90: ...`` for nested dicts, ``k v, ...`` for flat ones.
+    A GPU-tier device ``record`` is left to the JSON report (its ``device`` line says it in short)."""
     def flat(d):
         return ", ".join(f"{k} {v}" for k, v in d.items())
-    if all(isinstance(v, dict) for v in metrics.values()):
+    metrics = {k: v for k, v in metrics.items() if k != "record"}
+    if metrics and all(isinstance(v, dict) for v in metrics.values()):
         return "; ".join(f"{k}: {flat(v)}" for k, v in metrics.items())
     return flat(metrics)
 
@@ -64,7 +66,8 @@ def text(results: list[LabResult]) -> str:
     lines = []
     for r in results:
         lines.append(f"Lab {r.lab} — {r.title}")
-        lines.append(f"  {r.tier.upper()} tier · submission {r.submission}")
+        dry = " · GPU checks as a dry run on stand-ins (they award nothing)" if r.gpu_dry_run else ""
+        lines.append(f"  {r.tier.upper()} tier{dry} · submission {r.submission}")
         if _missing(r):
             lines.append(f"  MISSING: no lab files found. None of {', '.join(r.files)} is in the submission;")
             lines.append("  no check ran. Looked in:")
@@ -104,7 +107,8 @@ def text(results: list[LabResult]) -> str:
 
 def _lab_json(r: LabResult) -> dict:
     return {
-        "lab": r.lab, "title": r.title, "tier": r.tier, "submission": r.submission, "status": r.status.value,
+        "lab": r.lab, "title": r.title, "tier": r.tier, **({"gpu_dry_run": True} if r.gpu_dry_run else {}),
+        "submission": r.submission, "status": r.status.value,
         **({"message": r.message, "files": list(r.files), "searched": list(r.searched)} if _missing(r) else {}),
         "score": r.score, "max_score": r.max_score, "duration_s": round(r.duration_s, 3),
         "student_s": round(r.student_s, 3),

@@ -112,6 +112,7 @@ class LabResult:
     missing_max: float = 0.0  # missing: what the checks that would have run are worth
     flags: list = field(default_factory=list)  # flags.Found: for the instructor, never in the score
     seed: int | None = None  # the secret the graded inputs were drawn from (autograder.grading.seeds)
+    gpu_dry_run: bool = False  # the GPU checks ran on stand-ins, awarding nothing (GradingPlugin)
 
     @property
     def score(self) -> float:
@@ -217,11 +218,15 @@ def child_environment(tier: str, lab: Lab | None = None) -> dict[str, str]:
 
 
 def grade(lab: Lab, submission_root: Path, tier: str, timeout_s: float | None = None,
-          select: str | None = None, on_result=None, sandbox_for=None) -> LabResult:
+          select: str | None = None, on_result=None, sandbox_for=None, dry_run_gpu: bool = False) -> LabResult:
     """Grade ``submission_root`` (a folder or a ``.zip``, in any shape ``locate`` knows) on
     ``lab``'s checks (those ``select``, a ``-k`` expression, picks). With none of the lab's
     files in it, no check runs and the result's status is ``missing``.
-    ``sandbox_for``: see ``Submission``; None gives this grading a sandbox of its own."""
+    ``sandbox_for``: see ``Submission``; None gives this grading a sandbox of its own.
+    ``dry_run_gpu`` (CPU tier): the GPU tier's checks run at tiny sizes on stand-in devices
+    and are reported as skipped, awarding nothing (``GradingPlugin``)."""
+    if dry_run_gpu and tier != "cpu":
+        raise UsageError(f"a dry run of the GPU tier runs on the CPU tier, not the {tier.upper()} tier")
     start = time.monotonic()
     submission_root = Path(submission_root)
     with tempfile.TemporaryDirectory(prefix="k2c-grade-") as tmp:
@@ -246,7 +251,7 @@ def grade(lab: Lab, submission_root: Path, tier: str, timeout_s: float | None = 
             inside = found.folder.relative_to(shown_from).as_posix()
             where = submission_root.resolve() if inside == "." else Path(f"{submission_root.resolve()}!/{inside}")
         return _grade_folder(lab, where, graded, found.missing_message(where), tier, timeout_s, select, on_result,
-                             start, sandbox_for)
+                             start, sandbox_for, dry_run_gpu)
 
 
 def _missing(lab: Lab, tier: str, select: str | None, found: Found, shown: Path, start: float) -> LabResult:
@@ -311,7 +316,7 @@ def list_checks(lab: Lab, select: str | None = None) -> list[CheckInfo]:
 
 
 def _grade_folder(lab, folder, graded, missing, tier, timeout_s, select, on_result, start,
-                  sandbox_for=None) -> LabResult:
+                  sandbox_for=None, dry_run_gpu=False) -> LabResult:
     layer = ready_to_grade([lab])
     limits = Limits(timeout_s=timeout_s or lab.timeout_s, memory_mb=lab.memory_mb,
                     address_space=(tier == "cpu"), devices=(tier == "gpu"))
@@ -322,7 +327,7 @@ def _grade_folder(lab, folder, graded, missing, tier, timeout_s, select, on_resu
     try:
         if not missing:  # a file that does not import fails every check with the same one line
             missing = submission.import_failure([Path(f).stem for f in lab.files if f.endswith(".py")]) or None
-        plugin = GradingPlugin(submission, tier, missing, on_result, seed=seeds.draw())
+        plugin = GradingPlugin(submission, tier, missing, on_result, seed=seeds.draw(), dry_run_gpu=dry_run_gpu)
         with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
             code = pytest.main(args, plugins=[plugin])
     finally:
@@ -337,6 +342,7 @@ def _grade_folder(lab, folder, graded, missing, tier, timeout_s, select, on_resu
                          + log.getvalue()[-2000:])
     result = LabResult(lab.slug, lab.title, tier, str(folder), plugin.results, time.monotonic() - start,
                        layer.as_dict(), lab.checks_digest(), submission.calls_s[0])
+    result.gpu_dry_run = dry_run_gpu
     result.flags = flags.running_flags(submission.flags) + flags.static_flags(graded)
     result.seed = plugin.grading_seed
     return result

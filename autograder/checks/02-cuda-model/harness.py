@@ -116,30 +116,33 @@ def host_broadcast_add(col, row, block):
     return _student().broadcast_add(col, row, tuple(block))
 
 
-def saxpy_bandwidth(n, repeats=20):
-    """GPU tier: effective bandwidth of the student's saxpy kernel and of a
-    device-to-device copy of the same array, measured with CUDA events."""
+def saxpy_bandwidth(n, seeds, a, warmup=1):
+    """GPU tier (and its dry run on stand-ins): the student's saxpy_kernel and a
+    device-to-device copy of an array of the same size, each timed by
+    ``course.gpu_timing.bench``: new x and y for every run (hashed from the run's
+    seed), the L2 flushed before it, CUDA events around it, and the output at the
+    positions the grader checks coming back."""
+    from course import gpu_devices, gpu_timing
+
+    dev = gpu_devices.device("numba")
     kernel = _kernel("saxpy_kernel")
-    ones = np.ones(n, np.float32)
-    on_device = {"x": cuda.to_device(ones), "y": cuda.to_device(ones), "result": cuda.device_array(n, np.float32)}
     block = 256
     grid = math.ceil(n / block)
+    a = np.float32(a)
 
-    def timed(fn):
-        fn()
-        cuda.synchronize()
-        times = []
-        for _ in range(repeats):
-            start, stop = cuda.event(), cuda.event()
-            start.record()
-            fn()
-            stop.record()
-            stop.synchronize()
-            times.append(cuda.event_elapsed_time(start, stop) / 1e3)
-        return float(np.median(times))
+    def inputs(seed):
+        return dev.empty(n, np.float32), dev.hashed(seed, n), dev.hashed(seed, n, stream=1)
 
-    t_saxpy = timed(lambda: kernel[grid, block](on_device["result"], np.float32(2.0), on_device["x"], on_device["y"]))
-    t_copy = timed(lambda: on_device["result"].copy_to_device(on_device["x"]))
-    name = cuda.get_current_device().name
-    return {"saxpy_gbs": 3 * 4 * n / t_saxpy / 1e9, "copy_gbs": 2 * 4 * n / t_copy / 1e9,
-            "device": name.decode() if isinstance(name, bytes) else str(name)}
+    def saxpy(out, x, y):
+        kernel[grid, block](out, a, x, y)
+        return out
+
+    def copy(out, x, y):
+        out.copy_to_device(x)
+        return out
+
+    def sampled(out, args, seed):
+        return dev.take(out, gpu_timing.sample_positions(seed, n))
+
+    return {"saxpy": gpu_timing.bench(dev, saxpy, inputs, sampled, seeds, warmup),
+            "copy": gpu_timing.bench(dev, copy, inputs, sampled, seeds, warmup)}

@@ -20,8 +20,10 @@ import math
 import numpy as np
 import pytest
 
+from autograder.grading import timed
 from autograder.grading.checking import (INT_POISON, compiled_kernels, expect_array, expect_compiled, load_beside,
                                          require_compiles, with_the_work)
+from course import gpu_timing
 
 oracles = load_beside(__file__, "oracles")
 
@@ -433,40 +435,102 @@ RIGHT_ANSWER = {"block_sum_kernel": _expect_block_sums, "scan_block_kernel": _ex
 
 
 # -- GPU tier: speed as ratios of CuPy's kernels, in one run ----------------------------
+#
+# Timed by course.gpu_timing in the sandbox and judged here (autograder.grading.timed):
+# every timed run's output is rechecked against an oracle computed from its seed, and a
+# run faster than the card's peak allows is refused. With --dry-run-gpu on the CPU tier
+# they run at tiny sizes on stand-ins and award nothing.
 
-def _ratio_check(metrics, m, ours, theirs, threshold, what, hint):
-    ratio = m[ours] / m[theirs]
-    metrics.update({k: (round(v, 3) if isinstance(v, float) else v) for k, v in m.items()},
-                   ratio=round(ratio, 3), threshold=threshold)
-    assert ratio >= threshold, (f"{what} reached {ratio:.2f} of CuPy's speed on {m['device']} "
-                                f"(needs {threshold}): {hint}")
+def _sum_recheck(n, base_seed):
+    """A run's total against ``scale_of(seed)`` times the base's float64 sum."""
+    base_total = gpu_timing.hashed_total(base_seed, n)
+
+    def recheck(seed, kept):
+        want = gpu_timing.scale_of(seed) * base_total
+        error = abs(kept - want) / want
+        return None if error <= 1e-4 else f"the sum is {kept:.7g}, expected {want:.7g} (relative error {error:.2g})"
+    return recheck
+
+
+def _matmul_recheck(n):
+    """A run's sampled C[i, j] against row i of its A times column j of its B, in float64."""
+    def recheck(seed, kept):
+        where = gpu_timing.sample_positions(seed, n * n)
+        rows, cols = np.divmod(where, n)
+        k = np.arange(n)
+        a_rows = gpu_timing.hashed(np, seed, None, positions=(rows[:, None] * n + k).ravel()).reshape(-1, n)
+        b_cols = gpu_timing.hashed(np, seed, None, stream=1, positions=(k[None, :] * n + cols[:, None]).ravel())
+        want = (a_rows.astype(np.float64) * b_cols.reshape(-1, n)).sum(axis=1)
+        return timed.sample_problem(kept, want, where, rtol=1e-3)
+    return recheck
+
+
+def _histogram_recheck(n, n_bins, base_seed):
+    """A run's counts against the base's, rotated by ``shift_of(seed)``."""
+    base = gpu_timing.hashed_counts(base_seed, n, n_bins)
+
+    def recheck(seed, kept):
+        want, kept = np.roll(base, gpu_timing.shift_of(seed, n_bins)), np.asarray(kept)
+        if kept.shape != want.shape:
+            return f"{kept.size} bins came back, expected {n_bins}"
+        bad = np.flatnonzero(kept != want)
+        return None if not bad.size else (f"bin {bad[0]} holds {kept[bad[0]]}, expected {want[bad[0]]} "
+                                          f"({bad.size} of {n_bins} bins differ)")
+    return recheck
+
+
+def _ratio_check(metrics, ours, theirs, names, work, unit, threshold, what, hint, dry_run, record):
+    """Ours against CuPy's on the same work: the ratio of their rates, with what was measured."""
+    ours_rate, theirs_rate = work / ours.median_s, work / theirs.median_s
+    ratio = ours_rate / theirs_rate
+    metrics.update({f"{names[0]}_{unit}": round(ours_rate, 3), f"{names[1]}_{unit}": round(theirs_rate, 3),
+                    "ratio": round(ratio, 3), "threshold": threshold},
+                   **timed.metrics(record, **{names[0]: ours, names[1]: theirs}))
+    timed.expect(ratio >= threshold, dry_run,
+                 f"{what} reached {ratio:.2f} of CuPy's speed on {record['name']} (needs {threshold}): {hint} "
+                 f"Measured: {ours.describe()}; {theirs.describe()}")
 
 
 @pytest.mark.gpu
 @pytest.mark.points(2)
-def check_reduce_speed(submission, metrics):
+def check_reduce_speed(submission, metrics, gpu_dry_run, seed):
     """block_sum_kernel: bandwidth as a fraction of cupy.sum's (2^27 floats)"""
-    m = submission.harness("reduce_vs_cupy_sum", 1 << 27)
-    assert m["rel_error"] < 1e-3, f"the two-pass reduction is wrong at 2^27 elements (relative error {m['rel_error']:.2g})"
-    _ratio_check(metrics, m, "ours_gbs", "cupy_gbs", REDUCE_TO_CUPY_SUM, "the reduction",
-                 "does each thread first add up many elements with coalesced, grid-stride loads?")
+    n, runs = (512, 2) if gpu_dry_run else (1 << 27, 10)
+    base_seed, *seeds = timed.draw_seeds(runs + 1, seed, "reduce_speed")
+    m = submission.harness("reduce_vs_cupy_sum", n, base_seed, seeds)
+    recheck = _sum_recheck(n, base_seed)
+    ours = timed.judge(m["ours"], "block_sum_kernel (two passes)", recheck, moved_bytes=4 * n, dry_run=gpu_dry_run)
+    cupy = timed.judge(m["cupy"], "cupy.sum", recheck, moved_bytes=4 * n, dry_run=gpu_dry_run)
+    _ratio_check(metrics, ours, cupy, ("ours", "cupy"), 4 * n / 1e9, "gbs", REDUCE_TO_CUPY_SUM, "the reduction",
+                 "does each thread first add up many elements with coalesced, grid-stride loads?", gpu_dry_run,
+                 m["ours"]["record"])
 
 
 @pytest.mark.gpu
 @pytest.mark.points(2)
-def check_matmul_speed(submission, metrics):
+def check_matmul_speed(submission, metrics, gpu_dry_run, seed):
     """tiled_matmul_kernel: FLOP/s as a fraction of cuBLAS FP32 (TF32 off) at 4096 x 4096"""
-    m = submission.harness("matmul_vs_cublas", 4096)
-    assert m["rel_error"] < 1e-3, f"tiled_matmul_kernel is wrong at 4096 x 4096 (relative error {m['rel_error']:.2g})"
-    _ratio_check(metrics, m, "ours_tflops", "cublas_tflops", MATMUL_TO_CUBLAS, "the tiled matmul",
-                 "are the tile loads coalesced and the shared reads free of bank conflicts?")
+    n, runs = (16, 2) if gpu_dry_run else (4096, 5)
+    m = submission.harness("matmul_vs_cublas", n, timed.draw_seeds(runs, seed, "matmul_speed"))
+    recheck = _matmul_recheck(n)
+    work = {"flops": 2 * n**3, "moved_bytes": 3 * 4 * n * n}
+    ours = timed.judge(m["ours"], "tiled_matmul_kernel", recheck, dry_run=gpu_dry_run, **work)
+    cublas = timed.judge(m["cublas"], "cuBLAS SGEMM (A @ B)", recheck, dry_run=gpu_dry_run, **work)
+    _ratio_check(metrics, ours, cublas, ("ours", "cublas"), 2 * n**3 / 1e12, "tflops", MATMUL_TO_CUBLAS,
+                 "the tiled matmul", "are the tile loads coalesced and the shared reads free of bank conflicts?",
+                 gpu_dry_run, m["ours"]["record"])
 
 
 @pytest.mark.gpu
 @pytest.mark.points(2)
-def check_histogram_speed(submission, metrics):
+def check_histogram_speed(submission, metrics, gpu_dry_run, seed):
     """histogram_kernel: values per second as a fraction of cupy.bincount's (2^27 values, 256 bins)"""
-    m = submission.harness("histogram_vs_bincount", 1 << 27, 256)
-    assert m["correct"], "histogram_kernel's counts differ from cupy.bincount at 2^27 values"
-    _ratio_check(metrics, m, "ours_gvals", "cupy_gvals", HISTOGRAM_TO_BINCOUNT, "the histogram",
-                 "are the bins privatised in shared memory, with one global atomic per bin per block?")
+    (n, runs), n_bins = ((1024, 2) if gpu_dry_run else (1 << 27, 10)), 256
+    base_seed, *seeds = timed.draw_seeds(runs + 1, seed, "histogram_speed")
+    m = submission.harness("histogram_vs_bincount", n, n_bins, base_seed, seeds)
+    recheck = _histogram_recheck(n, n_bins, base_seed)
+    ours = timed.judge(m["ours"], "histogram_kernel", recheck, moved_bytes=4 * n, dry_run=gpu_dry_run)
+    cupy = timed.judge(m["cupy"], "cupy.bincount", recheck, moved_bytes=4 * n, dry_run=gpu_dry_run)
+    _ratio_check(metrics, ours, cupy, ("ours", "cupy"), n / 1e9, "gvals", HISTOGRAM_TO_BINCOUNT, "the histogram",
+                 "are the bins privatised in shared memory, with one global atomic per bin per block?", gpu_dry_run,
+                 m["ours"]["record"])

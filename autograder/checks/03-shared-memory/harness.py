@@ -9,7 +9,8 @@ The host functions run there too (``recorded``), with a record of every launch
 they make and of what those launches wrote, so that a check can tell a host
 function that returns its kernels' result from one that computes it itself.
 On a GPU there is no record; the same launches check results at device sizes,
-and the ``*_vs_*`` functions time the kernels against CuPy's (CUB, cuBLAS).
+and the ``*_vs_*`` functions time the kernels against CuPy's (CUB, cuBLAS) with
+``course.gpu_timing`` (in a dry run on the CPU tier, on its stand-ins).
 """
 import contextlib
 import math
@@ -223,82 +224,97 @@ def host_histogram(values, n_bins):
         return _student().histogram(values, n_bins)
 
 
-# -- GPU tier: the same kernels against CuPy's, timed with CUDA events ---------------
+# -- GPU tier: the same kernels against CuPy's, timed by course.gpu_timing -------------
+#
+# Every function below runs on the GPU tier, and in a dry run on the CPU tier on the
+# stand-ins of course.gpu_stand_in (the kernels in numba's simulator). Each timed run
+# gets inputs of its own, named by its seed, and sends back what the grader rechecks.
 
-def _timed(fn, repeats=20):
-    import cupy
-    fn()
-    cupy.cuda.Device().synchronize()
-    times = []
-    for _ in range(repeats):
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3)
-    return float(np.median(times))
+def _device():
+    from course import gpu_devices
+
+    return gpu_devices.device("cupy")
 
 
-def _device_name():
-    name = cuda.get_current_device().name
-    return name.decode() if isinstance(name, bytes) else str(name)
+def _blocks_to_fill(dev, threads, n):
+    """Enough blocks to fill every SM several times over (for grid-stride kernels), and
+    no more than the data has blocks of threads."""
+    return max(1, min(dev.info.multiprocessors * max(1, 2048 // threads) * 2, math.ceil(n / threads)))
 
 
-def _blocks_to_fill(threads):
-    """Enough blocks to fill every SM several times over (for grid-stride kernels)."""
-    sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
-    return sms * max(1, 2048 // threads) * 2
+def reduce_vs_cupy_sum(n, base_seed, seeds):
+    """block_sum_kernel's two passes against CuPy's sum (CUB). Run k sums
+    ``base * scale_of(seed_k)``: every element changes from run to run, and the
+    grader, which knows the base's sum, knows each run's."""
+    from course import gpu_timing
 
+    dev = _device()
+    cp, s, kernel = dev.xp, _student(), _kernel("block_sum_kernel")
+    base = dev.hashed(base_seed, n)
+    blocks = _blocks_to_fill(dev, s.THREADS, n)
+    partial, total = cp.empty(blocks, cp.float32), cp.empty(1, cp.float32)
 
-def reduce_vs_cupy_sum(n):
-    import cupy
-    s = _student()
-    kernel = _kernel("block_sum_kernel")
-    x = cupy.random.default_rng(1).standard_normal(n, dtype=cupy.float32)
-    blocks = _blocks_to_fill(s.THREADS)
-    partial, total = cupy.empty(blocks, cupy.float32), cupy.empty(1, cupy.float32)
+    def inputs(seed):
+        return (base * cp.float32(gpu_timing.scale_of(seed)),)
 
-    def two_passes():
+    def two_passes(x):
         kernel[blocks, s.THREADS](partial, x)
         kernel[1, s.THREADS](total, partial)
+        return total
 
-    t_ours, t_cupy = _timed(two_passes), _timed(lambda: x.sum())
-    want = float(x.sum(dtype=cupy.float64))
-    return {"ours_gbs": 4 * n / t_ours / 1e9, "cupy_gbs": 4 * n / t_cupy / 1e9, "device": _device_name(),
-            "rel_error": abs(float(total[0]) - want) / max(abs(want), 1.0)}
+    def the_sum(out, args, seed):
+        return float(dev.to_host(out).reshape(-1)[0])
+
+    return {"ours": gpu_timing.bench(dev, two_passes, inputs, the_sum, seeds),
+            "cupy": gpu_timing.bench(dev, lambda x: x.sum(), inputs, the_sum, seeds)}
 
 
-def matmul_vs_cublas(n):
+def matmul_vs_cublas(n, seeds, warmup=1):
+    """tiled_matmul_kernel against cuBLAS FP32 (TF32 off) on new n x n A and B each run,
+    with C's values at the sampled positions coming back."""
     os.environ["CUPY_TF32"] = "0"  # cuBLAS in plain FP32, as the kernel computes
-    import cupy
-    s = _student()
-    kernel = _kernel("tiled_matmul_kernel")
-    rng = cupy.random.default_rng(2)
-    A, B = rng.standard_normal((n, n), dtype=cupy.float32), rng.standard_normal((n, n), dtype=cupy.float32)
-    C = cupy.empty((n, n), cupy.float32)
+    from course import gpu_timing
+
+    dev = _device()
+    cp, s, kernel = dev.xp, _student(), _kernel("tiled_matmul_kernel")
     grid = (math.ceil(n / s.TILE), math.ceil(n / s.TILE))
-    t_ours = _timed(lambda: kernel[grid, (s.TILE, s.TILE)](C, A, B), repeats=5)
-    t_cublas = _timed(lambda: A @ B, repeats=5)
-    ref = A @ B
-    flops = 2 * n**3
-    return {"ours_tflops": flops / t_ours / 1e12, "cublas_tflops": flops / t_cublas / 1e12, "device": _device_name(),
-            "rel_error": float(cupy.abs(C - ref).max() / cupy.abs(ref).max())}
+
+    def inputs(seed):
+        return cp.empty((n, n), cp.float32), dev.hashed(seed, (n, n)), dev.hashed(seed, (n, n), stream=1)
+
+    def ours(C, A, B):
+        kernel[grid, (s.TILE, s.TILE)](C, A, B)
+        return C
+
+    def sampled(out, args, seed):
+        return dev.take(out, gpu_timing.sample_positions(seed, n * n))
+
+    return {"ours": gpu_timing.bench(dev, ours, inputs, sampled, seeds, warmup),
+            "cublas": gpu_timing.bench(dev, lambda C, A, B: A @ B, inputs, sampled, seeds, warmup)}
 
 
-def histogram_vs_bincount(n, n_bins):
-    import cupy
-    s = _student()
-    kernel = _kernel("histogram_kernel")
-    values = cupy.random.default_rng(3).integers(0, n_bins, n, dtype=cupy.int32)
-    counts = cupy.zeros(n_bins, cupy.int32)
-    blocks = _blocks_to_fill(s.THREADS)
+def histogram_vs_bincount(n, n_bins, base_seed, seeds):
+    """histogram_kernel against cupy.bincount. Run k counts ``(base + shift_of(seed_k)) %
+    n_bins``: every value moves, and each run's counts (all of them come back) are the
+    base's, rotated."""
+    from course import gpu_timing
 
-    def ours():
-        counts.fill(0)
+    dev = _device()
+    cp, s, kernel = dev.xp, _student(), _kernel("histogram_kernel")
+    base = dev.hashed_ints(base_seed, n, n_bins)
+    blocks = _blocks_to_fill(dev, s.THREADS, n)
+
+    def inputs(seed):
+        shift = gpu_timing.shift_of(seed, n_bins)
+        return cp.zeros(n_bins, cp.int32), ((base + shift) % n_bins).astype(cp.int32)
+
+    def ours(counts, values):
         kernel[blocks, s.THREADS](counts, values)
+        return counts
 
-    t_ours = _timed(ours)
-    t_cupy = _timed(lambda: cupy.bincount(values, minlength=n_bins))
-    return {"ours_gvals": n / t_ours / 1e9, "cupy_gvals": n / t_cupy / 1e9, "device": _device_name(),
-            "correct": bool((counts == cupy.bincount(values, minlength=n_bins)).all())}
+    def counts_of(out, args, seed):
+        return dev.to_host(out).astype(np.int64)
+
+    return {"ours": gpu_timing.bench(dev, ours, inputs, counts_of, seeds),
+            "cupy": gpu_timing.bench(dev, lambda counts, values: cp.bincount(values, minlength=n_bins), inputs,
+                                     counts_of, seeds)}

@@ -19,7 +19,9 @@ unfused, pipelined against serial — plus the measured roofline, which
 import numpy as np
 import pytest
 
+from autograder.grading import timed
 from autograder.grading.checking import expect_array, expect_close, expect_compiled, load_beside, with_the_work
+from course import gpu_timing
 
 oracles = load_beside(__file__, "oracles")
 
@@ -310,66 +312,136 @@ def check_roofline_attainable(submission):
 
 
 # --- GPU tier ----------------------------------------------------------------
+#
+# Each of these runs on the GPU tier, and with --dry-run-gpu on the CPU tier at tiny
+# sizes on stand-ins (course.gpu_stand_in), awarding nothing. Times come from
+# course.gpu_timing in the sandbox and are judged here (autograder.grading.timed): every
+# timed run's sampled output against an oracle computed from its seed, and a floor at
+# the card's peak.
 
 @pytest.mark.gpu
 @pytest.mark.points(2)
-def check_bias_gelu_kernel_on_device(submission):
+def check_bias_gelu_kernel_on_device(submission, gpu_dry_run):
     """bias_gelu on CuPy arrays (the ElementwiseKernel) equals GELU (tanh) from its formula"""
-    x = (3 * _rng(70).standard_normal((4099, 1031))).astype(np.float32)
-    bias = _rng(71).standard_normal(1031).astype(np.float32)
+    x = (3 * _rng(70).standard_normal((19, 31) if gpu_dry_run else (4099, 1031))).astype(np.float32)
+    bias = _rng(71).standard_normal(x.shape[1]).astype(np.float32)
     got = submission.harness("device_bias_gelu", x, bias)
-    assert got["module"] == "cupy", f"bias_gelu on CuPy input returned a {got['module']} array"
+    assert got["kind"] == "device", f"bias_gelu on CuPy input returned a {got['kind']} array, not a CuPy array"
     expect_array(got["values"], oracles.gelu_tanh(x + bias), "bias_gelu on the device", rtol=2e-6, atol=1e-6)
 
 
 @pytest.mark.gpu
 @pytest.mark.points(1)
-def check_softmax_on_device(submission):
+def check_softmax_on_device(submission, gpu_dry_run):
     """softmax_rows on CuPy arrays returns CuPy arrays, stable and correct"""
-    x = (1e4 * _rng(72).standard_normal((2049, 1000))).astype(np.float32)
+    x = (1e4 * _rng(72).standard_normal((17, 23) if gpu_dry_run else (2049, 1000))).astype(np.float32)
     got = submission.harness("device_softmax", x)
-    assert got["module"] == "cupy", f"softmax_rows on CuPy input returned a {got['module']} array"
+    assert got["kind"] == "device", f"softmax_rows on CuPy input returned a {got['kind']} array, not a CuPy array"
     expect_array(got["values"], oracles.softmax(x), "softmax_rows on the device", rtol=1e-4, atol=1e-7)
+
+
+def _gelu_recheck(size, cols):
+    """A run's sampled bias_gelu (``size`` elements in rows of ``cols``) against GELU of its
+    x + bias, both named by the run's seed."""
+    def recheck(seed, kept):
+        where = gpu_timing.sample_positions(seed, size)
+        x = gpu_timing.hashed(np, seed, None, -4.0, 4.0, positions=where)
+        bias = gpu_timing.hashed(np, seed, None, -1.0, 1.0, stream=1, positions=where % cols)
+        return timed.sample_problem(kept, oracles.gelu_tanh(x + bias), where, rtol=1e-5, atol=1e-6)
+    return recheck
+
+
+def _copy_recheck(size):
+    def recheck(seed, kept):
+        where = gpu_timing.sample_positions(seed, size)
+        return timed.sample_problem(kept, gpu_timing.hashed(np, seed, None, -4.0, 4.0, positions=where), where, rtol=0)
+    return recheck
 
 
 @pytest.mark.gpu
 @pytest.mark.points(2)
-def check_fused_faster_than_unfused(submission, metrics):
+def check_fused_faster_than_unfused(submission, metrics, gpu_dry_run, seed):
     """The fused bias+GELU kernel beats the one-operation-at-a-time version"""
-    m = submission.harness("fused_vs_unfused", 8192, 8192)
-    speedup = m["unfused_ms"] / m["fused_ms"]
-    metrics.update(device=m["device"], fused_ms=round(m["fused_ms"], 4), unfused_ms=round(m["unfused_ms"], 4),
-                   speedup=round(speedup, 2), fused_gbs=round(m["fused_gbs"], 1),
-                   copy_gbs=round(m["copy_gbs"], 1), threshold=FUSED_SPEEDUP_TO_PASS)
-    assert m["same_values"], "the fused kernel and the unfused reference disagree on the device"
-    assert speedup >= FUSED_SPEEDUP_TO_PASS, (
-        f"fused {m['fused_ms']:.3f} ms vs unfused {m['unfused_ms']:.3f} ms: {speedup:.2f}x, needs "
-        f"{FUSED_SPEEDUP_TO_PASS}x. Is bias_gelu one ElementwiseKernel launch (not several CuPy operations)?")
+    (rows, cols), runs = ((32, 64), 2) if gpu_dry_run else ((8192, 8192), 10)
+    size = rows * cols
+    m = submission.harness("fused_vs_unfused", rows, cols, timed.draw_seeds(runs, seed, "fused_faster_than_unfused"))
+    gelu = _gelu_recheck(size, cols)
+    fused = timed.judge(m["fused"], "bias_gelu (fused)", gelu, moved_bytes=2 * 4 * size, dry_run=gpu_dry_run)
+    unfused = timed.judge(m["unfused"], "bias + GELU, one CuPy operation at a time", gelu,
+                          moved_bytes=2 * 4 * size, dry_run=gpu_dry_run)
+    copy = timed.judge(m["copy"], "device copy of x", _copy_recheck(size), moved_bytes=2 * 4 * size,
+                       dry_run=gpu_dry_run)
+    speedup = unfused.median_s / fused.median_s
+    fused_gbs, copy_gbs = 2 * 4 * size / fused.median_s / 1e9, 2 * 4 * size / copy.median_s / 1e9
+    metrics.update(speedup=round(speedup, 2), fused_gbs=round(fused_gbs, 1), copy_gbs=round(copy_gbs, 1),
+                   threshold=FUSED_SPEEDUP_TO_PASS,
+                   **timed.metrics(m["fused"]["record"], fused=fused, unfused=unfused, copy=copy))
+    timed.expect(speedup >= FUSED_SPEEDUP_TO_PASS, gpu_dry_run,
+                 f"fused {fused.median_s * 1e3:.3f} ms vs unfused {unfused.median_s * 1e3:.3f} ms: {speedup:.2f}x, "
+                 f"needs {FUSED_SPEEDUP_TO_PASS}x. Is bias_gelu one ElementwiseKernel launch (not several CuPy "
+                 f"operations)? Measured: {fused.describe()}; {unfused.describe()}; {copy.describe()}")
+
+
+def _spin_recheck(n_chunks, chunk_elems, base_seed, spins):
+    """A run's sampled results against the harness's spin loop in float32 on its chunks (the
+    base chunks times the run's scale). The loop ends within about 1e-5 of 1 (each step's
+    rounding, amplified 100 times; the GPU fuses each multiply-add), plus x: an absolute
+    tolerance of 1e-4 tells a run's results from the last run's, whose x differ by a factor.
+    The serial schedule and the pipeline run on the same seeds: each oracle is made once."""
+    oracles_of = {}
+
+    def want(seed, where):
+        if seed not in oracles_of:
+            scale = np.float32(gpu_timing.scale_of(seed))
+            x = np.stack([gpu_timing.hashed(np, base_seed, None, stream=j, positions=where) * scale
+                          for j in range(n_chunks)])
+            v = x
+            for _ in range(spins):
+                v = v * np.float32(0.99) + np.float32(0.01)
+            oracles_of[seed] = v + x
+        return oracles_of[seed]
+
+    def recheck(seed, kept):
+        if len(kept) != n_chunks:
+            return f"{len(kept)} results came back for {n_chunks} chunks"
+        where = gpu_timing.sample_positions(seed, chunk_elems, count=64)
+        for j, (got, expected) in enumerate(zip(kept, want(seed, where))):
+            problem = timed.sample_problem(got, expected, where, rtol=0, atol=1e-4)
+            if problem:
+                return f"chunk {j}: {problem}"
+        return None
+    return recheck
 
 
 @pytest.mark.gpu
 @pytest.mark.points(3)
-def check_pipeline_overlap_speedup(submission, metrics):
+def check_pipeline_overlap_speedup(submission, metrics, gpu_dry_run, seed):
     """On the GPU, the pipeline beats the serial schedule when copies and compute are balanced"""
-    m = submission.harness("overlap_speedup", 8, 32, 3)
-    speedup = m["serial_ms"] / m["pipelined_ms"]
-    metrics.update(device=m["device"], **{k: round(m[k], 3) for k in
-                   ("stage_ms", "h2d_ms", "compute_ms", "d2h_ms", "serial_ms", "pipelined_ms")},
-                   speedup=round(speedup, 2), threshold=OVERLAP_SPEEDUP_TO_PASS)
-    assert m["same_values"], "pipelined_apply's results differ from the serial schedule's"
-    assert speedup >= OVERLAP_SPEEDUP_TO_PASS, (
-        f"serial {m['serial_ms']:.1f} ms, pipelined {m['pipelined_ms']:.1f} ms: {speedup:.2f}x, needs "
-        f"{OVERLAP_SPEEDUP_TO_PASS}x (per chunk: stage {m['stage_ms']:.2f}, H→D {m['h2d_ms']:.2f}, compute "
-        f"{m['compute_ms']:.2f}, D→H {m['d2h_ms']:.2f} ms)")
+    n_chunks, chunk_elems, runs, max_spins = (4, 256, 2, 8) if gpu_dry_run else (8, 32 * 2**20 // 4, 3, 1 << 16)
+    base_seed, *seeds = timed.draw_seeds(runs + 1, seed, "pipeline_overlap_speedup")
+    m = submission.harness("overlap_speedup", n_chunks, chunk_elems, 3, base_seed, seeds, max_spins)
+    recheck = _spin_recheck(n_chunks, chunk_elems, base_seed, m["spins"])
+    work = {"flops": 2 * m["spins"] * chunk_elems * n_chunks, "moved_bytes": 2 * 4 * chunk_elems * n_chunks}
+    serial = timed.judge(m["serial"], "serial schedule", recheck, dry_run=gpu_dry_run, **work)
+    piped = timed.judge(m["pipelined"], "pipelined_apply on 3 streams", recheck, dry_run=gpu_dry_run, **work)
+    speedup = serial.median_s / piped.median_s
+    metrics.update(**{k: round(m[k], 3) for k in ("stage_ms", "h2d_ms", "compute_ms", "d2h_ms")},
+                   spins=m["spins"], speedup=round(speedup, 2), threshold=OVERLAP_SPEEDUP_TO_PASS,
+                   **timed.metrics(m["serial"]["record"], serial=serial, pipelined=piped))
+    timed.expect(speedup >= OVERLAP_SPEEDUP_TO_PASS, gpu_dry_run,
+                 f"serial {serial.median_s * 1e3:.1f} ms, pipelined {piped.median_s * 1e3:.1f} ms: {speedup:.2f}x, "
+                 f"needs {OVERLAP_SPEEDUP_TO_PASS}x (per chunk: stage {m['stage_ms']:.2f}, H→D {m['h2d_ms']:.2f}, "
+                 f"compute {m['compute_ms']:.2f}, D→H {m['d2h_ms']:.2f} ms). Measured: {serial.describe()}; "
+                 f"{piped.describe()}")
 
 
 @pytest.mark.gpu
 @pytest.mark.points(2)
-def check_zero_copy_on_device(submission):
+def check_zero_copy_on_device(submission, gpu_dry_run):
     """CuPy, torch and numba.cuda share device memory without copies"""
     m = submission.harness("zero_copy_device")
     problems = [what for key, what in [
-        ("torch_is_cuda", "to_torch(cupy array) is not a CUDA tensor"),
+        ("torch_on_device", "to_torch(cupy array) is not a tensor on the array's device"),
         ("torch_same_pointer", "to_torch(cupy array) does not point at the array's memory"),
         ("torch_write_seen", "a write through the tensor is not seen by CuPy"),
         ("numba_same_pointer", "to_numba(cupy array) does not point at the array's memory"),
@@ -380,14 +452,47 @@ def check_zero_copy_on_device(submission):
     assert not problems, "; ".join(problems)
 
 
+def _sampled_recheck(size, want_at):
+    def recheck(seed, kept):
+        where = gpu_timing.sample_positions(seed, size)
+        return timed.sample_problem(kept, want_at(seed, where), where, rtol=1e-3, atol=1e-6)
+    return recheck
+
+
+def _matmul_at(m):
+    def want(seed, where):
+        rows, cols = np.divmod(where, m)
+        k = np.arange(m)
+        a = gpu_timing.hashed(np, seed, None, positions=(rows[:, None] * m + k).ravel()).reshape(-1, m)
+        b = gpu_timing.hashed(np, seed, None, stream=1, positions=(k[None, :] * m + cols[:, None]).ravel())
+        return (a.astype(np.float64) * b.reshape(-1, m)).sum(axis=1)
+    return want
+
+
 @pytest.mark.gpu
 @pytest.mark.points(1)
-def check_roofline_measured(submission, metrics):
+def check_roofline_measured(submission, metrics, gpu_dry_run, seed):
     """The measured roofline of this GPU places bias+GELU and matmul on the right side of the ridge"""
-    m = submission.harness("roofline_measured")
-    metrics.update(device=m["device"], copy_gbs=round(m["copy_bw"] / 1e9, 1),
-                   fp32_matmul_tflops=round(m["matmul_flops"] / 1e12, 2),
-                   bias_gelu_gflops=round(m["bias_gelu_flops"] / 1e9, 1),
-                   bias_gelu_intensity=m["bias_gelu_intensity"], matmul_intensity=round(m["matmul_intensity"], 1))
-    assert m["bounds"] == {"bias_gelu": "memory-bound", "fp32_matmul": "compute-bound"}, (
-        f"on the measured roof (ridge {m['matmul_flops'] / m['copy_bw']:.3g} flop/B) roofline says {m['bounds']}")
+    (n, m_size), runs = ((4096, 32), 2) if gpu_dry_run else ((1 << 26, 8192), 5)
+    got = submission.harness("roofline_measured", n, m_size, timed.draw_seeds(runs, seed, "roofline_measured"))
+    copy = timed.judge(got["copy"], "device copy", _sampled_recheck(n, lambda seed, where: gpu_timing.hashed(
+        np, seed, None, positions=where)), moved_bytes=2 * 4 * n, dry_run=gpu_dry_run)
+    matmul = timed.judge(got["matmul"], "cuBLAS FP32 matmul (TF32 off)",
+                         _sampled_recheck(m_size**2, _matmul_at(m_size)), flops=2 * m_size**3,
+                         moved_bytes=3 * 4 * m_size**2, dry_run=gpu_dry_run)
+    gelu = timed.judge(got["bias_gelu"], "bias_gelu", _gelu_recheck(n, 1024), moved_bytes=2 * 4 * n,
+                       dry_run=gpu_dry_run)
+    copy_bw, matmul_flops = 2 * 4 * n / copy.median_s, 2 * m_size**3 / matmul.median_s
+    gelu_flops_per_element, gelu_bytes_per_element = 10, 8  # add, 3 mul-adds, tanh ~ 10; read x, write y
+    kernels = {"bias_gelu": (gelu_flops_per_element * n, gelu_bytes_per_element * n),
+               "fp32_matmul": (2 * m_size**3, 3 * 4 * m_size**2)}
+    bounds = {name: submission.call("cupy_streams.roofline", fl, by, matmul_flops, copy_bw)[1]
+              for name, (fl, by) in kernels.items()}
+    metrics.update(copy_gbs=round(copy_bw / 1e9, 1), fp32_matmul_tflops=round(matmul_flops / 1e12, 2),
+                   bias_gelu_gflops=round(gelu_flops_per_element * n / gelu.median_s / 1e9, 1),
+                   bias_gelu_intensity=gelu_flops_per_element / gelu_bytes_per_element,
+                   matmul_intensity=round(2 * m_size**3 / (3 * 4 * m_size**2), 1),
+                   **timed.metrics(got["copy"]["record"], copy=copy, matmul=matmul, bias_gelu=gelu))
+    timed.expect(bounds == {"bias_gelu": "memory-bound", "fp32_matmul": "compute-bound"}, gpu_dry_run,
+                 f"on the measured roof (ridge {matmul_flops / copy_bw:.3g} flop/B) roofline says {bounds}. "
+                 f"Measured: {copy.describe()}; {matmul.describe()}; {gelu.describe()}")

@@ -10,14 +10,15 @@ by pointers and by a write through one side seen from the other.
 GPU tier: the same functions on CuPy arrays, and measurements in one run —
 fused against an unfused baseline written here, the pipeline against a serial
 schedule written here, device copy bandwidth and cuBLAS FP32 matmul for the
-roofline. Kernel times come from CUDA events; the pipelines run on several
-streams, which one event pair cannot bracket, so they are timed by the host
-clock after a device-wide synchronize.
+roofline — all through ``course.gpu_timing.bench``. Kernel times come from CUDA
+events; the pipelines run on several streams, which one event pair cannot
+bracket, so they are timed by the host clock after a device-wide synchronize.
+A dry run (``k2c grade 04 --dry-run-gpu``) runs these on the CPU tier's stand-ins.
 """
 import math
+import os
 import shutil
 import tempfile
-import time
 
 import numpy as np
 
@@ -121,43 +122,37 @@ def numpy_view_of_torch(values):
 
 
 # --- GPU tier ---------------------------------------------------------------
+#
+# Every function below runs on the GPU tier, and in a dry run on the CPU tier on the
+# stand-ins of course.gpu_stand_in (a CuPy made of NumPy whose ElementwiseKernel builds
+# its C for the host, events on the host clock, torch on the CPU). Timed work goes
+# through course.gpu_timing.bench: new inputs named by each run's seed, an L2 flush
+# before each run, and what the grader rechecks coming back.
 
-def _device_ms(fn, repeats=10):
-    """Median time of ``fn()`` on the current stream, from CUDA events."""
-    import cupy as cp
+def _device():
+    from course import gpu_devices
 
-    fn()
-    cp.cuda.Device().synchronize()
-    times = []
-    for _ in range(repeats):
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop))
-    return float(np.median(times))
+    return gpu_devices.device("cupy")
 
 
-def _device_name():
-    import cupy as cp
-
-    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]
-    return name.decode() if isinstance(name, bytes) else str(name)
+def _kind(result, device_input) -> str:
+    """``"device"`` for an array of the device input's own kind (a CuPy array on a GPU),
+    else the module the result's type comes from."""
+    return "device" if type(result) is type(device_input) else type(result).__module__.split(".")[0]
 
 
 def device_bias_gelu(x, bias):
-    import cupy as cp
-
-    y = _student().bias_gelu(cp.asarray(x), cp.asarray(bias))
-    return {"module": type(y).__module__.split(".")[0], "values": cp.asnumpy(y)}
+    dev = _device()
+    d_x = dev.xp.asarray(x)
+    y = _student().bias_gelu(d_x, dev.xp.asarray(bias))
+    return {"kind": _kind(y, d_x), "values": dev.to_host(y)}
 
 
 def device_softmax(x):
-    import cupy as cp
-
-    y = _student().softmax_rows(cp.asarray(x))
-    return {"module": type(y).__module__.split(".")[0], "values": cp.asnumpy(y)}
+    dev = _device()
+    d_x = dev.xp.asarray(x)
+    y = _student().softmax_rows(d_x)
+    return {"kind": _kind(y, d_x), "values": dev.to_host(y)}
 
 
 def _bias_gelu_unfused(x, bias):
@@ -170,35 +165,45 @@ def _bias_gelu_unfused(x, bias):
     return 0.5 * z * (1 + cp.tanh(inner))
 
 
-def fused_vs_unfused(rows, cols, repeats=20):
-    import cupy as cp
+def fused_vs_unfused(rows, cols, seeds):
+    """The student's fused bias_gelu, the unfused version above and a device copy of x,
+    each on new x in [-4, 4) and bias in [-1, 1) every run, sampled outputs back."""
+    from course import gpu_timing
 
-    cp.random.seed(0)
-    x = cp.random.standard_normal((rows, cols), dtype=cp.float32)
-    bias = cp.random.standard_normal(cols, dtype=cp.float32)
-    fused = _student().bias_gelu
-    same = bool(cp.allclose(fused(x, bias), _bias_gelu_unfused(x, bias), rtol=1e-5, atol=1e-6))
-    t_fused = _device_ms(lambda: fused(x, bias), repeats)
-    t_unfused = _device_ms(lambda: _bias_gelu_unfused(x, bias), repeats)
-    dst = cp.empty_like(x)
-    t_copy = _device_ms(lambda: cp.copyto(dst, x), repeats)
-    nbytes = 2 * x.nbytes  # read x, write y (bias is small)
-    return {"device": _device_name(), "same_values": same, "fused_ms": t_fused, "unfused_ms": t_unfused,
-            "fused_gbs": nbytes / t_fused / 1e6, "copy_gbs": nbytes / t_copy / 1e6}
+    dev = _device()
+    cp = dev.xp
+
+    def inputs(seed):
+        return dev.hashed(seed, (rows, cols), -4.0, 4.0), dev.hashed(seed, cols, -1.0, 1.0, stream=1)
+
+    def copy_inputs(seed):
+        return cp.empty((rows, cols), cp.float32), dev.hashed(seed, (rows, cols), -4.0, 4.0)
+
+    def copy(dst, x):
+        cp.copyto(dst, x)
+        return dst
+
+    def sampled(out, args, seed):
+        return dev.take(out, gpu_timing.sample_positions(seed, rows * cols))
+
+    return {"fused": gpu_timing.bench(dev, _student().bias_gelu, inputs, sampled, seeds),
+            "unfused": gpu_timing.bench(dev, _bias_gelu_unfused, inputs, sampled, seeds),
+            "copy": gpu_timing.bench(dev, copy, copy_inputs, sampled, seeds)}
 
 
 _SPIN = None
 
 
 def _spin_kernel():
-    # Compute whose length we choose: `n` dependent multiply-adds per element.
+    # Compute whose length we choose: `n` dependent multiply-adds per element. They converge
+    # to 1 whatever x is, so y adds x back: each result still says which input it came from.
     global _SPIN
     if _SPIN is None:
         import cupy as cp
 
         _SPIN = cp.ElementwiseKernel(
             "T x, int32 n", "T y",
-            "T v = x; for (int i = 0; i < n; ++i) { v = v * T(0.999) + T(0.001); } y = v;",
+            "T v = x; for (int i = 0; i < n; ++i) { v = v * T(0.99) + T(0.01); } y = v + x;",
             "k2c_spin")
     return _SPIN
 
@@ -217,104 +222,117 @@ def _serial_schedule(gpu, f, chunks):
     return results
 
 
-def _wall(fn, repeats):
-    import cupy as cp
-
+def _calibration_ms(dev, fn, repeats=5):
+    """Median of ``fn()`` between two events: the per-chunk costs that set the compute's
+    length (not graded; the graded times are bench's)."""
+    fn()
+    dev.synchronize()
     times = []
     for _ in range(repeats):
-        cp.cuda.Device().synchronize()
-        start = time.perf_counter()
-        result = fn()
-        cp.cuda.Device().synchronize()
-        times.append(time.perf_counter() - start)
-        del result
+        start, stop = dev.event(), dev.event()
+        start.record()
+        fn()
+        stop.record()
+        times.append(dev.elapsed_s(start, stop) * 1e3)
     return float(np.median(times))
 
 
-def overlap_speedup(n_chunks=8, chunk_mb=32, n_streams=3, repeats=3):
-    """Serial against the student's pipeline, with compute as long as the longest
-    of a chunk's copy and its staging into pinned memory (balanced load)."""
-    import cupy as cp
+def overlap_speedup(n_chunks, chunk_elems, n_streams, base_seed, seeds, max_spins=1 << 16):
+    """Serial against the student's pipeline, with compute as long as the longest of a
+    chunk's copy and its staging into pinned memory (balanced load). Run k's chunks are
+    the base chunks (stream j of ``base_seed``) times ``scale_of(seed_k)``; each result's
+    values at the sampled positions come back, with the number of spins."""
+    from course import gpu_timing
 
-    gpu = streams.CupyStreams()
-    elems = chunk_mb * 2**20 // 4
-    chunks = [np.random.default_rng(i).random(elems, dtype=np.float32) for i in range(n_chunks)]
-    pinned = gpu.pinned_empty(chunks[0].shape, chunks[0].dtype)
+    dev = _device()
+    cp, gpu = dev.xp, dev.streams()
+    base = [dev.to_host(dev.hashed(base_seed, chunk_elems, stream=j)) for j in range(n_chunks)]
+    pinned = gpu.pinned_empty(base[0].shape, base[0].dtype)
     t_stage = []
-    for chunk in chunks[:3]:  # host memcpy into pinned memory: the pipeline's host-side work per chunk
-        start = time.perf_counter()
+    for chunk in base[:3]:  # host memcpy into pinned memory: the pipeline's host-side work per chunk
+        began = dev.host_clock()
         pinned[...] = chunk
-        t_stage.append((time.perf_counter() - start) * 1e3)
+        t_stage.append((dev.host_clock() - began) * 1e3)
     t_stage = float(np.median(t_stage))
-    d = cp.empty(chunks[0].shape, chunks[0].dtype)
-    t_h2d = _device_ms(lambda: d.set(pinned), 5)
-    t_d2h = _device_ms(lambda: d.get(out=pinned), 5)
-    base = 256
-    t_base = _device_ms(lambda: _spin_kernel()(d, np.int32(base)), 5)
-    spins = max(1, round(base * max(t_h2d, t_stage) / t_base))
-    t_comp = _device_ms(lambda: _spin_kernel()(d, np.int32(spins)), 5)
+    d = cp.empty(base[0].shape, base[0].dtype)
+    t_h2d = _calibration_ms(dev, lambda: d.set(pinned))
+    t_d2h = _calibration_ms(dev, lambda: d.get(out=pinned))
+    spin_base = 256
+    t_base = _calibration_ms(dev, lambda: _spin_kernel()(d, np.int32(spin_base)))
+    spins = int(min(max_spins, max(1, round(spin_base * max(t_h2d, t_stage) / t_base))))
+    t_comp = _calibration_ms(dev, lambda: _spin_kernel()(d, np.int32(spins)))
 
     def f(x):
         return _spin_kernel()(x, np.int32(spins))
 
-    serial = _serial_schedule(gpu, f, chunks)
-    piped = _student().pipelined_apply(f, chunks, n_streams=n_streams, gpu=gpu)
-    same = len(piped) == len(serial) and all(np.array_equal(np.asarray(a), b) for a, b in zip(piped, serial))
-    del serial, piped
-    t_serial = _wall(lambda: _serial_schedule(gpu, f, chunks), repeats)
-    t_pipe = _wall(lambda: _student().pipelined_apply(f, chunks, n_streams=n_streams, gpu=gpu), repeats)
-    return {"device": _device_name(), "same_values": same, "stage_ms": t_stage, "h2d_ms": t_h2d,
-            "compute_ms": t_comp, "d2h_ms": t_d2h, "serial_ms": t_serial * 1e3, "pipelined_ms": t_pipe * 1e3}
+    def inputs(seed):
+        scale = np.float32(gpu_timing.scale_of(seed))
+        return ([chunk * scale for chunk in base],)
+
+    def sampled(results, args, seed):
+        where = gpu_timing.sample_positions(seed, chunk_elems, count=64)
+        return [np.asarray(r).reshape(-1)[where] for r in results]
+
+    serial = gpu_timing.bench(dev, lambda chunks: _serial_schedule(gpu, f, chunks), inputs, sampled, seeds,
+                              timer="host")
+    piped = gpu_timing.bench(dev, lambda chunks: _student().pipelined_apply(f, chunks, n_streams=n_streams, gpu=gpu),
+                             inputs, sampled, seeds, timer="host")
+    return {"serial": serial, "pipelined": piped, "spins": spins, "stage_ms": t_stage, "h2d_ms": t_h2d,
+            "compute_ms": t_comp, "d2h_ms": t_d2h}
 
 
 def zero_copy_device():
-    import cupy as cp
+    """CuPy, torch and numba sharing one array's memory: pointers, and a write through
+    each seen by the others (on the stand-ins: host memory, torch on the CPU)."""
     import torch
 
-    student = _student()
+    from course.gpu_timing import pointer
+
+    dev = _device()
+    cp, student = dev.xp, _student()
     a = cp.arange(16, dtype=cp.float32)
     t = student.to_torch(a)
-    out = {"torch_is_cuda": bool(getattr(t, "is_cuda", False)),
-           "torch_same_pointer": getattr(t, "data_ptr", lambda: -1)() == a.data.ptr}
-    if out["torch_is_cuda"]:
+    device = getattr(getattr(t, "device", None), "type", None)
+    out = {"torch_on_device": device == dev.torch_device, "torch_same_pointer": pointer(t) == pointer(a)}
+    if out["torch_on_device"]:
         t[0] = 42
-        torch.cuda.synchronize()
+        dev.torch_synchronize()
         out["torch_write_seen"] = float(a[0]) == 42.0
     n = student.to_numba(a)
-    interface = getattr(n, "__cuda_array_interface__", {"data": (-1, False)})
-    out["numba_same_pointer"] = interface["data"][0] == a.data.ptr
+    out["numba_same_pointer"] = pointer(n) == pointer(a)
     if out["numba_same_pointer"]:
         n[1] = 7
         out["numba_write_seen"] = float(a[1]) == 7.0
-    tt = torch.arange(8, device="cuda", dtype=torch.float32)
+    tt = torch.arange(8, device=dev.torch_device, dtype=torch.float32)
     back = student.from_torch(tt)
     out["from_torch_is_cupy"] = isinstance(back, cp.ndarray)
-    out["from_torch_same_pointer"] = out["from_torch_is_cupy"] and back.data.ptr == tt.data_ptr()
+    out["from_torch_same_pointer"] = out["from_torch_is_cupy"] and pointer(back) == tt.data_ptr()
     return out
 
 
-def roofline_measured(n=1 << 26, m=8192):
-    """Device copy bandwidth, cuBLAS FP32 matmul FLOP/s, the student's fused
-    kernel on that roof, and the student's ``roofline`` on the measured peaks."""
-    import cupy as cp
+def roofline_measured(n, m, seeds):
+    """Device copy bandwidth (n floats), cuBLAS FP32 matmul (m x m, TF32 off) and the
+    student's fused bias_gelu (n floats in rows of 1024), each on new inputs every run,
+    sampled outputs back. The grader puts the medians into the student's ``roofline``."""
+    os.environ["CUPY_TF32"] = "0"  # FP32, so the peak it is held to is FP32's
+    from course import gpu_timing
 
-    student = _student()
-    src = cp.ones(n, dtype=cp.float32)
-    dst = cp.empty_like(src)
-    copy_bw = 2 * src.nbytes / (_device_ms(lambda: cp.copyto(dst, src)) / 1e3)
-    cp.random.seed(1)
-    a = cp.random.standard_normal((m, m), dtype=cp.float32)
-    b = cp.random.standard_normal((m, m), dtype=cp.float32)
-    c = cp.empty_like(a)
-    matmul_flops = 2 * m**3 / (_device_ms(lambda: cp.matmul(a, b, out=c), 5) / 1e3)
-    bias = cp.zeros(1024, dtype=cp.float32)
-    x = src.reshape(-1, 1024)
-    gelu_s = _device_ms(lambda: student.bias_gelu(x, bias)) / 1e3
-    gelu_flops_per_element, gelu_bytes_per_element = 10, 8  # add, 3 mul-adds, tanh ~ 10; read x, write y
-    kernels = {"bias_gelu": (gelu_flops_per_element * n, gelu_bytes_per_element * n),
-               "fp32_matmul": (2 * m**3, 3 * 4 * m * m)}
-    bounds = {name: student.roofline(fl, by, matmul_flops, copy_bw)[1] for name, (fl, by) in kernels.items()}
-    return {"device": _device_name(), "copy_bw": copy_bw, "matmul_flops": matmul_flops,
-            "bias_gelu_flops": gelu_flops_per_element * n / gelu_s,
-            "bias_gelu_intensity": gelu_flops_per_element / gelu_bytes_per_element,
-            "matmul_intensity": 2 * m**3 / (3 * 4 * m * m), "bounds": bounds}
+    dev = _device()
+    cp = dev.xp
+
+    def sampled(out, args, seed):
+        return dev.take(out, gpu_timing.sample_positions(seed, out.size))
+
+    def copy(src, dst):
+        cp.copyto(dst, src)
+        return dst
+
+    return {
+        "copy": gpu_timing.bench(dev, copy, lambda seed: (dev.hashed(seed, n), cp.empty(n, cp.float32)),
+                                 sampled, seeds),
+        "matmul": gpu_timing.bench(dev, lambda a, b, c: cp.matmul(a, b, out=c),
+                                   lambda seed: (dev.hashed(seed, (m, m)), dev.hashed(seed, (m, m), stream=1),
+                                                 cp.empty((m, m), cp.float32)), sampled, seeds),
+        "bias_gelu": gpu_timing.bench(dev, _student().bias_gelu,
+                                      lambda seed: (dev.hashed(seed, (n // 1024, 1024), -4.0, 4.0),
+                                                    dev.hashed(seed, 1024, -1.0, 1.0, stream=1)), sampled, seeds)}
