@@ -116,9 +116,13 @@ def course_modules(lab: Lab, repo: Path = REPO) -> list[str]:
     (``course/__init__.py`` always: importing any of them runs it)."""
     course = repo / "course"
     # Not the self-test's: it probes only what the lab requires, through the modules the lab's own files import.
-    files = [p for p in grader_sources() if p.name not in ("selftest.py", "stack_probes.py")] + sorted(lab.checks_dir.glob("*.py")) \
-        + lab_sources(lab, repo)
-    wanted, queue = {"__init__"}, [course / "__init__.py"] + files
+    # Nor the rank launcher's, which imports the launcher of the lab's kind only: torch's or MPI's (below).
+    files = [p for p in grader_sources() if p.name not in ("selftest.py", "stack_probes.py", "ranks.py")] \
+        + sorted(lab.checks_dir.glob("*.py")) + lab_sources(lab, repo)
+    requires = set(lab.requires) if lab.requires is not None else {"torch", "mpich"}
+    launchers = [name for dist, name in (("torch", "dist"), ("mpich", "mpi")) if dist in requires]
+    extra = ["wire", "jobs", *launchers] if launchers else []  # a lab of several processes: its rank jobs' launcher
+    wanted, queue = {"__init__", *extra}, [course / "__init__.py"] + files + [course / f"{name}.py" for name in extra]
     while queue:
         for module in imported_modules(queue.pop()):
             parts = module.split(".")
