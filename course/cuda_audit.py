@@ -26,6 +26,9 @@ was atomic. From that record alone, with no timing involved:
 
 Shared arrays are also poisoned (NaN, or a sentinel for integers) instead of
 the simulator's uninitialised memory, so reading an element nobody wrote shows.
+A kernel that turns a device array into a NumPy array (``np.asarray(x)``,
+``np.sum(x)``), whose reads would escape the record and which no GPU compiles,
+raises ``TypeError`` inside an audit.
 
 A negative index wraps around in NumPy, and so in the simulator: ``out[-t]``
 lands on ``out[n - t]``, which can leave the output right. Each access records
@@ -274,6 +277,7 @@ def _patched_simulator():
 
     within = devicearray.FakeWithinKernelCUDAArray
     original_get, original_set = within.__getitem__, within.__setitem__
+    original_getattr = within.__getattr__
     original_sync = sim_kernel.BlockThread.syncthreads
     original_call = sim_kernel.FakeCUDAKernel.__call__
 
@@ -293,6 +297,15 @@ def _patched_simulator():
             array, name = global_name(self)
             _record("global", name, array, index, "w")
         original_set(self, index, value)
+
+    def whole_array(self, name):
+        # NumPy's way in to a device array as a whole (np.asarray, np.sum(x)...): its reads would
+        # escape this record, and no GPU compiles it; inside a kernel it is refused, saying so.
+        if name in ("__array__", "__array_interface__", "__array_struct__") \
+                and hasattr(threading.current_thread(), "thread_id"):
+            raise TypeError(f"a kernel made a NumPy array of a device array ({name}): index device arrays "
+                            "element by element (x[i]); whole-array NumPy in a kernel does not compile for a GPU")
+        return original_getattr(self, name)
 
     def syncthreads(self):
         self._k2c_epoch = getattr(self, "_k2c_epoch", 0) + 1
@@ -321,7 +334,7 @@ def _patched_simulator():
             _log.launches += 1
         return original_call(self, *args)
 
-    swaps = [(within, "__getitem__", get), (within, "__setitem__", set_),
+    swaps = [(within, "__getitem__", get), (within, "__setitem__", set_), (within, "__getattr__", whole_array),
              (sim_kernel.BlockThread, "syncthreads", syncthreads),
              (kernelapi.FakeCUDAShared, "array", shared_array),
              (sim_kernel.FakeCUDAKernel, "__call__", call)]

@@ -142,3 +142,20 @@ def test_audit_restores_the_simulator():
         with audit():
             with audit():
                 pass
+
+
+@cuda.jit
+def through_numpy(out, x):
+    i = cuda.grid(1)
+    if i < out.size:
+        whole = np.asarray(x)  # the simulator allows it; no GPU compiles it, and its reads would go unrecorded
+        out[i] = whole[i] * 2
+
+
+def test_numpy_views_of_device_arrays_are_refused_inside_an_audit():
+    x, out = np.arange(8.0), np.zeros(8)
+    through_numpy[1, 8](out, x)  # outside an audit the simulator runs it
+    assert out.tolist() == (2 * x).tolist()
+    with pytest.raises(TypeError, match="element by element"):
+        with audit():
+            through_numpy[1, 8](out, x)
