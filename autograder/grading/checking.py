@@ -136,6 +136,11 @@ def compiled_kernels(submission, module_name: str, signatures: dict, kernel: str
     from ``signatures``), once per grading run, in a sandboxed call with the
     simulator off. One kernel at a time: a grading that selects a few checks
     compiles only the kernels they launch."""
+    from autograder.grading.kernel_source import environment_dependence
+
+    refused = environment_dependence(submission.path / f"{module_name}.py", kernel)
+    if refused:  # read in the grader: a kernel that depends on where it runs is refused, on every target
+        return {"kernels": {kernel: {"every target": {"ok": False, "refused": refused}}}}
     return submission.once(("compiled", module_name, kernel), lambda: submission.compiling().call(
         "autograder.grading.checking.compile_kernels", module_name, {kernel: signatures[kernel]}))
 
@@ -167,6 +172,8 @@ def compile_failure(compiled: dict, name: str, note: str = SIMULATOR_NOTE) -> st
     """Why kernel ``name`` does not compile for a GPU (``compile_kernels``' answer);
     "" when it does, is still a stub, or this machine cannot compile."""
     for target, outcome in compiled.get("kernels", {}).get(name, {}).items():
+        if isinstance(outcome, dict) and "refused" in outcome:
+            return f"{name} is refused: {outcome['refused']}"
         if isinstance(outcome, dict) and not outcome.get("ok", True):
             return f"{name} does not compile for a GPU ({target}): {outcome['error']}. {note}"
     return ""
