@@ -315,6 +315,13 @@ def test_one_submission_graded_in_a_slurm_job_reports_as_k2c_grade_does(slurm, t
     assert f"graded on localhost · no GPU · SLURM job {job_id}\n" in out, out
     assert f"Score: {slurm_report['score']:g}/{slurm_report['max_score']:g}" in out, out
     assert list(work.iterdir()) == [], "the job's scratch folder was left behind"
+    # A job sbatch refuses: exit 2 saying why, the report file says it too, and nothing is left behind.
+    refused = subprocess.run([str(BIN / "k2c"), "grade", *common, "--slurm", "--partition", "no-such-partition",
+                              "-o", str(tmp_path / "refused.json")], cwd=work, capture_output=True, text=True,
+                             timeout=60, env=_env())
+    assert refused.returncode == 2 and "k2c: sbatch refused the job (exit 1)" in refused.stderr, refused.stderr
+    assert "invalid partition" in json.loads((tmp_path / "refused.json").read_text())["error"].lower()
+    assert list(work.iterdir()) == []
 
 
 def test_the_gpu_tier_on_slurm_asks_for_a_gpu_and_a_node_without_cuda_says_so(slurm, tmp_path):
@@ -574,3 +581,27 @@ def test_the_card_is_the_drivers_name_and_a_missing_gpu_says_what_slurm_granted(
     monkeypatch.setattr(tier.ctypes, "CDLL", no_driver)
     assert tier.cuda_devices() == ([], "no CUDA driver: libcuda.so.1 is not installed")
     assert where.card("gpu") == "no usable GPU (no CUDA driver: libcuda.so.1 is not installed)"
+
+
+def test_one_submission_is_one_job_and_a_job_that_ends_too_soon_is_an_infrastructure_error(tmp_path):
+    """``k2c grade --slurm``'s batch script (one job: no array), read from an sbatch that
+    takes the job and runs nothing, as when a job is cancelled or its node is lost: exit 2
+    naming the job and its log, which is kept; never a report."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text("#!/bin/sh\necho 99\nexit 1\n")
+    (fake / "sbatch").chmod(0o755)
+    (tmp_path / "ada").mkdir()
+    proc = subprocess.run([str(BIN / "k2c"), "grade", "13", "--submission", str(tmp_path / "ada"), "--slurm",
+                           "--gres", "gpu:a100:2", "--partition", "gpu", "-k", "check_cluster", "--format", "json",
+                           "-o", str(tmp_path / "out.json")], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ, PATH=f"{fake}{os.pathsep}{os.environ['PATH']}"))
+    assert proc.returncode == 2, proc.stderr
+    assert "SLURM job 99 ended before k2c grade did (sbatch --wait exit 1)" in proc.stderr, proc.stderr
+    assert "ended before k2c grade did" in json.loads((tmp_path / "out.json").read_text())["error"]
+    kept = next(tmp_path.glob(".k2c-grade-*"))
+    script = (kept / "grade.sbatch").read_text()
+    assert [line for line in script.splitlines() if line.startswith("#SBATCH")] == [
+        "#SBATCH --job-name=k2c-grade-13", "#SBATCH --ntasks=1", "#SBATCH --partition=gpu", "#SBATCH --time=65",
+        "#SBATCH --gres=gpu:a100:2", f"#SBATCH --output={kept}/job.log"], script
+    assert f"--submission {kept}/submission/ada --shown-as {tmp_path / 'ada'} --tier gpu" in script, script

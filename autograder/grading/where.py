@@ -13,7 +13,7 @@ import socket
 from collections import Counter
 
 # SLURM's variables that say which GPUs a job or step was granted (sbatch(1), srun(1)).
-GRANT_VARIABLES = ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS_ON_NODE", "CUDA_VISIBLE_DEVICES")
+GRANT_VARIABLES = ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS_ON_NODE")
 
 
 def graded_on(tier: str, env=None) -> dict:
@@ -53,7 +53,10 @@ def slurm_job(env=None) -> str:
 def gpu_grant(env=None) -> str:
     """What SLURM granted this job of GPUs, in its own variables ("" when nothing says)."""
     env = os.environ if env is None else env
-    return " ".join(f"{name}={env[name]}" for name in GRANT_VARIABLES if env.get(name))
+    granted = [f"{name}={env[name]}" for name in GRANT_VARIABLES if env.get(name)]
+    if granted and "CUDA_VISIBLE_DEVICES" in env:  # what SLURM set for CUDA from the grant
+        granted.append(f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}")
+    return " ".join(granted)
 
 
 def no_usable_gpu(env=None) -> str:
@@ -68,7 +71,7 @@ def no_usable_gpu(env=None) -> str:
     if not slurm_job(env):
         return f"{where} has no usable CUDA GPU ({why}): see 'k2c doctor', or grade with --tier cpu"
     granted = gpu_grant(env)
-    if granted and granted != "CUDA_VISIBLE_DEVICES=":
+    if granted:
         return (f"{where} has no usable CUDA GPU ({why}), though SLURM job {slurm_job(env)} was granted one "
                 f"({granted}): the node declares a GPU that CUDA cannot use (run 'k2c doctor' on it), or grade "
                 "with --tier cpu")

@@ -170,7 +170,7 @@ def grade_one(student: str, folder: Path, sha: str, settings: Settings, scratch:
         _kill(proc)
         proc.communicate()
         return Row(student, sha, RowStatus.TIMEOUT, tier=settings.tier, duration_s=time.monotonic() - started,
-                   message=f"grading ran past {settings.limit_s:g} s and was stopped", **here())
+                   message=f"grading ran past {settings.limit_s:g} s and was stopped", **node_and_job())
     finally:
         with _running_lock:
             _running.discard(proc)
@@ -183,7 +183,7 @@ def grade_one(student: str, folder: Path, sha: str, settings: Settings, scratch:
     if proc.returncode != 0 or not report or "error" in report:
         why = (report or {}).get("error") or _last_lines(err.decode(errors="replace")) or f"exit status {proc.returncode}"
         return Row(student, sha, RowStatus.CRASHED, tier=settings.tier, duration_s=duration,
-                   message=f"grading failed: {why}", **here())
+                   message=f"grading failed: {why}", **node_and_job())
     if report.get("status") == LabStatus.MISSING.value:
         return Row(student, sha, RowStatus.MISSING, 0.0, report["max_score"], report["tier"], duration, 0.0,
                    report["message"], report)
@@ -191,7 +191,7 @@ def grade_one(student: str, folder: Path, sha: str, settings: Settings, scratch:
                report.get("student_s", 0.0), _summary(report), report)
 
 
-def here() -> dict:
+def node_and_job() -> dict:
     """A row's node and SLURM job where the grading left no report to say them."""
     from autograder.grading.where import node, slurm_job
 

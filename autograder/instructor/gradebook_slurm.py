@@ -34,7 +34,7 @@ import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
-from autograder.instructor.gradebook import Row, RowStatus, Settings, grade_one, here, safely
+from autograder.instructor.gradebook import Row, RowStatus, Settings, grade_one, node_and_job, safely
 from autograder.grading.labs import UsageError
 
 POLL_S = 1.0
@@ -282,7 +282,7 @@ def run_task(manifest: Path, index: int) -> int:
     for item in data["chunks"][index]:
         student, folder, sha = item["student"], Path(item["folder"]), item["digest"]
         if refused:
-            row = Row(student, sha, RowStatus.CRASHED, tier=settings.tier, message=refused, **here())
+            row = Row(student, sha, RowStatus.CRASHED, tier=settings.tier, message=refused, **node_and_job())
         else:
             row = safely(student, sha, settings, lambda: grade_one(student, folder, sha, settings, rows.parent))
         tmp = rows / f".{_row_name(student)}.tmp"

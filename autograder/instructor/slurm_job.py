@@ -42,8 +42,12 @@ def grade_in_job(args, labs, tier: str, site: SlurmSite, origin: str) -> int:
     source = Path(args.submission) if args.submission else _default_submission()
     if not source.exists():
         raise UsageError(f"submission folder {str(source)!r} does not exist")
-    scratch = Path(tempfile.mkdtemp(prefix=".k2c-grade-", dir=Path.cwd()))
-    keep = True
+    try:
+        scratch = Path(tempfile.mkdtemp(prefix=".k2c-grade-", dir=Path.cwd()))
+    except OSError as exc:
+        raise UsageError(f"--slurm: cannot make the job's scratch folder in {Path.cwd()} ({exc.strerror}): run k2c "
+                         "from a folder you can write on the file system the nodes share") from None
+    keep = False  # the scratch folder, when it holds the log of a job that ended too soon
     try:
         copy = _copy(source, scratch / "submission", scratch)
         minutes = MINUTES_PER_LAB * len(labs) + 5
@@ -54,6 +58,7 @@ def grade_in_job(args, labs, tier: str, site: SlurmSite, origin: str) -> int:
         job, ended = _run(sbatch, script, scratch / "job.log")
         status = scratch / "status"
         if not status.exists():
+            keep = True
             raise UsageError(f"SLURM job {job or '(none)'} ended before k2c grade did ({ended}); its log: "
                              f"{scratch / 'job.log'} (kept)")
         code = int(status.read_text().strip() or 2)
@@ -62,15 +67,9 @@ def grade_in_job(args, labs, tier: str, site: SlurmSite, origin: str) -> int:
             write_results(args.output, (scratch / "report").read_text())
         if args.summary and (scratch / "summary.md").exists():
             _append(args.summary, (scratch / "summary.md").read_text())
-        keep = False
         return code
-    except KeyboardInterrupt:
-        keep = False
-        raise
     finally:
-        if keep:
-            sys.stderr.write(f"kept {scratch} for the job's log\n")
-        else:
+        if not keep:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
