@@ -287,7 +287,8 @@ def _slurm_options(command: argparse.ArgumentParser, unit: str) -> None:
                            "tier (default: ./k2c-slurm.toml if any)")
     site.add_argument("--partition", help="sbatch --partition")
     site.add_argument("--account", help="sbatch --account")
-    site.add_argument("--time", help=f"sbatch --time per {unit} (minutes or H:MM:SS; default: the grading's limit)")
+    default = "the grading's limit" if unit == "task" else "an hour a lab, plus 5 minutes"
+    site.add_argument("--time", help=f"sbatch --time per {unit} (minutes or H:MM:SS; default: {default})")
     site.add_argument("--cpus-per-task", type=int, metavar="N", help="sbatch --cpus-per-task")
     site.add_argument("--mem", help=f"sbatch --mem per {unit} (4G)")
     site.add_argument("--sbatch-option", action="append", metavar="OPT", dest="sbatch_options",
