@@ -337,7 +337,8 @@ def test_the_gpu_tier_on_slurm_asks_for_a_gpu_and_a_node_without_cuda_says_so(sl
     (tmp_path / "k2c-slurm.toml").write_text('partition = "k2c"\n[gpu]\npartition = "gpu"\ngres = "gpu:1"\n')
     gradebook = tmp_path / "book" / "gradebook.csv"
     one = subprocess.Popen([str(BIN / "k2c"), "grade", "13", "--submission", str(clazz / "ada"), "--slurm",
-                            "--tier", "gpu", "-k", "check_cluster", "--format", "json", "-o", str(tmp_path / "one.json")],
+                            "--tier", "gpu", "-k", "check_cluster", "--format", "json",
+                            "-o", str(tmp_path / "one.json")],
                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
     proc = subprocess.run([str(BIN / "k2c"), "grade-class", "13", str(clazz), "-o", str(gradebook), "--slurm",
                            "--tier", "gpu", "-k", "check_cluster"], cwd=tmp_path, capture_output=True, text=True,
