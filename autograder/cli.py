@@ -50,6 +50,11 @@ def _grade(args) -> int:
     labs = all_labs() if args.lab == "all" else [find_lab(part) for part in args.lab.split(",")]
     if args.list:
         return _list(labs, args.k, args.format)
+    site = _slurm_site(args)
+    if site:  # the job grades, on a node: this machine neither picks the tier nor proves itself ready
+        from autograder.instructor.slurm_job import grade_in_job
+
+        return grade_in_job(args, labs, *site)
     tier = resolve_tier(args.tier)
     if args.dry_run_gpu and tier != "cpu":
         raise UsageError("--dry-run-gpu runs the GPU tier's checks on stand-ins on the CPU tier: this run is GPU "
@@ -59,7 +64,7 @@ def _grade(args) -> int:
     results = []
     for lab in labs:
         dry = ", GPU checks as a dry run" if args.dry_run_gpu else ""
-        sys.stderr.write(f"grading {lab.slug} ({tier.upper()} tier{dry}, {root}) ")
+        sys.stderr.write(f"grading {lab.slug} ({tier.upper()} tier{dry}, {args.shown_as or root}) ")
         sys.stderr.flush()
         try:
             result = grade(lab, root, tier, timeout_s=args.timeout, select=args.k, on_result=_progress,
@@ -76,6 +81,11 @@ def _grade(args) -> int:
         results.append(result)
     if not results:
         raise UsageError(f"no check of any lab matches -k {args.k!r}")
+    if args.shown_as:  # graded from --slurm's copy: the report names the submission that was copied
+        copied = str(root.resolve())
+        for result in results:
+            if result.submission.startswith(copied):
+                result.submission = args.shown_as + result.submission[len(copied):]
     rendered = report.render(results, args.format)
     if args.output:
         write_results(args.output, rendered)
@@ -115,31 +125,45 @@ def cmd_grade_class(args) -> int:
     from autograder.grading.runner import resolve_tier
 
     lab = find_lab(args.lab)
-    tier = resolve_tier(args.tier)
+    site = _slurm_site(args)  # with --slurm the tier is the job's, not this machine's
+    tier = site[0] if site else resolve_tier(args.tier)
     if not args.slurm:  # with --slurm no student code runs here: each task checks its node (gradebook_slurm)
         _require_isolation(lab, args.allow_weak_isolation)
     output = Path(args.output or f"gradebook-{lab.slug}.csv")
     settings = Settings(lab.slug, tier, args.timeout, args.k, args.limit)
     jobs = args.jobs if args.jobs else (None if args.slurm else default_jobs(lab))
     run_array = None
-    site_given = {"partition": args.partition, "account": args.account, "time": args.time,
-                  "cpus_per_task": args.cpus_per_task, "mem": args.mem,
-                  "options": tuple(args.sbatch_options) if args.sbatch_options else None}
-    if not args.slurm and (args.slurm_config or any(v is not None for v in site_given.values())):
-        from autograder.grading.labs import UsageError
+    if site:
+        from autograder.instructor.gradebook_slurm import array_runner
 
-        raise UsageError("--slurm-config, --partition, --account, --time, --cpus-per-task, --mem and "
-                         "--sbatch-option are SLURM's settings: give them with --slurm")
-    if args.slurm:
-        from autograder.instructor.gradebook_slurm import SlurmSite, array_runner
-
-        site, origin = SlurmSite.resolve(args.slurm_config, **site_given)
-        run_array = array_runner(args.chunk, site, origin, args.allow_weak_isolation)
+        run_array = array_runner(args.chunk, *site[1:], args.allow_weak_isolation)
     rows = grade_class(lab, Path(args.dir), output, settings, jobs, args.resume, run_array)
     counts = {s: sum(r.status == s for r in rows) for s in RowStatus}
     summary = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
     print(f"{len(rows)} submissions ({summary}): {output} and {output.with_suffix('.json')}")
     return EXIT_OK
+
+
+def _slurm_site(args):
+    """With ``--slurm``: the tier its jobs grade on and the site's settings for them
+    (``gradebook_slurm.SlurmSite``), with where those came from; None without it."""
+    from autograder.grading.labs import UsageError
+
+    given = {"partition": args.partition, "account": args.account, "time": args.time,
+             "cpus_per_task": args.cpus_per_task, "mem": args.mem,
+             "options": tuple(args.sbatch_options) if args.sbatch_options else None,
+             "gpus": args.gpus, "gres": args.gres, "gpu_partition": args.gpu_partition}
+    if not args.slurm:
+        if args.slurm_config or any(v is not None for v in given.values()):
+            raise UsageError("--slurm-config, --partition, --account, --time, --cpus-per-task, --mem, "
+                             "--sbatch-option, --gpus, --gres and --gpu-partition are SLURM's settings: "
+                             "give them with --slurm")
+        return None
+    from autograder.instructor.gradebook_slurm import SlurmSite, slurm_tier
+
+    tier = slurm_tier(args.tier, any(given[k] is not None for k in ("gpus", "gres", "gpu_partition")))
+    site, origin = SlurmSite.resolve(args.slurm_config, tier, **given)
+    return tier, site, origin
 
 
 def _require_isolation(lab, allow_weak: bool) -> None:
@@ -255,6 +279,26 @@ def cmd_release(args) -> int:
     return EXIT_OK
 
 
+def _slurm_options(command: argparse.ArgumentParser, unit: str) -> None:
+    """The site's SLURM settings, as ``k2c grade`` and ``grade-class`` take them with ``--slurm``."""
+    site = command.add_argument_group("the site's SLURM settings (with --slurm; over those of --slurm-config)")
+    site.add_argument("--slurm-config", metavar="TOML",
+                      help="partition, account, time, cpus-per-task, mem, options, and a [gpu] table for the GPU "
+                           "tier (default: ./k2c-slurm.toml if any)")
+    site.add_argument("--partition", help="sbatch --partition")
+    site.add_argument("--account", help="sbatch --account")
+    default = "the grading's limit" if unit == "task" else "an hour a lab, plus 5 minutes"
+    site.add_argument("--time", help=f"sbatch --time per {unit} (minutes or H:MM:SS; default: {default})")
+    site.add_argument("--cpus-per-task", type=int, metavar="N", help="sbatch --cpus-per-task")
+    site.add_argument("--mem", help=f"sbatch --mem per {unit} (4G)")
+    site.add_argument("--sbatch-option", action="append", metavar="OPT", dest="sbatch_options",
+                      help="any other sbatch option, as on its command line (--qos=short); repeatable")
+    site.add_argument("--gpus", metavar="[TYPE:]N", help="GPU tier: sbatch --gpus (implies --tier gpu)")
+    site.add_argument("--gres", metavar="gpu[:TYPE]:N",
+                      help="GPU tier: sbatch --gres (implies --tier gpu; default gpu:1 when nothing asks for a GPU)")
+    site.add_argument("--gpu-partition", metavar="P", help="GPU tier: the partition (implies --tier gpu)")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="k2c", description="Kernels to Clusters: grade labs, generate starters, check the machine.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -277,6 +321,10 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--dry-run-gpu", action="store_true",
                    help="CPU tier: run the GPU tier's checks at tiny sizes on stand-in devices instead of skipping "
                         "them; they show as skipped ('dry run passed' or why not) and award nothing")
+    g.add_argument("--slurm", action="store_true",
+                   help="grade in one SLURM job (sbatch --wait) and print its report here, with the same exit status")
+    g.add_argument("--shown-as", help=argparse.SUPPRESS)  # --slurm's copy of the submission: the report names this
+    _slurm_options(g, "job")
     g.set_defaults(run=cmd_grade)
 
     c = sub.add_parser("grade-class", help="grade a folder of submissions (one folder or zip per student) into a gradebook")
@@ -290,16 +338,7 @@ def parser() -> argparse.ArgumentParser:
                    help="keep the rows of the gradebook's .json whose submission is unchanged")
     c.add_argument("--slurm", action="store_true", help="grade as a SLURM job array and wait for it")
     c.add_argument("--chunk", type=int, default=1, metavar="K", help="with --slurm: submissions per array task")
-    site = c.add_argument_group("the site's SLURM settings (with --slurm; over those of --slurm-config)")
-    site.add_argument("--slurm-config", metavar="TOML",
-                      help="partition, account, time, cpus-per-task, mem, options (default: ./k2c-slurm.toml if any)")
-    site.add_argument("--partition", help="sbatch --partition")
-    site.add_argument("--account", help="sbatch --account")
-    site.add_argument("--time", help="sbatch --time per task (minutes or H:MM:SS; default: the grading's limit)")
-    site.add_argument("--cpus-per-task", type=int, metavar="N", help="sbatch --cpus-per-task")
-    site.add_argument("--mem", help="sbatch --mem per task (4G)")
-    site.add_argument("--sbatch-option", action="append", metavar="OPT", dest="sbatch_options",
-                      help="any other sbatch option, as on its command line (--qos=short); repeatable")
+    _slurm_options(c, "task")
     c.add_argument("--allow-weak-isolation", action="store_true",
                    help="grade even where bubblewrap is missing: student code could then read every file its "
                         "user may read, classmates' submissions included (the gradebook records the layer)")

@@ -5,8 +5,10 @@ import importlib
 import importlib.metadata as md
 import os
 import platform
+import re
 import shutil
 import sys
+from pathlib import Path
 
 from course.tier import describe_gpu
 
@@ -98,32 +100,46 @@ def _run(command: list[str], timeout_s: float) -> tuple[int | None, str]:
 
 
 def _slurm() -> str:
-    """SLURM, for ``grade-class --slurm`` and lab 13's jobs: sbatch, whether this user can
-    submit with the site's settings (``sbatch --test-only``), and the isolation layer a
-    node grades with (one short ``srun --immediate``: a busy cluster answers "no node")."""
+    """SLURM, for ``--slurm`` gradings and lab 13's jobs: sbatch, whether this user can
+    submit with the site's settings (``sbatch --test-only``), on the CPU tier and on the
+    GPU tier (with its GPU request), and the isolation layer a node grades with (one
+    short ``srun --immediate``: a busy cluster answers "no node"). A client without a
+    cluster is one line saying so, never SLURM's own errors in place of its version."""
     from autograder.grading.labs import UsageError
-    from autograder.instructor.gradebook_slurm import NO_SBATCH, SlurmSite
+    from autograder.instructor.gradebook_slurm import CONFIG, NO_SBATCH, SlurmSite
 
     sbatch, srun = shutil.which("sbatch"), shutil.which("srun")
     if not sbatch or not srun:
-        return f"SLURM: - not here: {NO_SBATCH} (only grade-class --slurm and lab 13's cluster jobs need it)"
+        return f"SLURM: - not here: {NO_SBATCH} (only --slurm gradings and lab 13's cluster jobs need it)"
+    version, unconfigured = _slurm_version(sbatch)
+    if unconfigured:
+        return (f"SLURM: - client installed ({sbatch}), no cluster configured ({unconfigured}): only --slurm "
+                "gradings and lab 13's cluster jobs need one (the site's slurm.conf; on one machine, "
+                "sudo scripts/slurm-localhost.sh start)")
     try:
         site, origin = SlurmSite.resolve(None)
+        gpu_site, _ = SlurmSite.resolve(None, "gpu")
+        gpu_table = SlurmSite.read(Path(CONFIG))[1] if Path(CONFIG).exists() else {}
     except UsageError as exc:
         return f"SLURM: ✗ {exc}"
-    _, version = _run([sbatch, "--version"], 10)
-    lines = [f"SLURM: {version} ({sbatch}); settings: {origin}"]
     code, said = _run(["sinfo", "-h", "-o", "%P %a"], 15)
     if code != 0:
-        return "\n".join(lines + [f"  ✗ sinfo: {said.splitlines()[-1] if said else f'exit {code}'}: is slurmctld up?"])
+        why = _slurm_says(said) or f"sinfo exit {code}"
+        return f"SLURM: ✗ {version} client installed ({sbatch}), no cluster reachable ({why}): is slurmctld up?"
+    lines = [f"SLURM: {version} ({sbatch}); settings: {origin}"]
     partitions = sorted({line.strip() for line in said.splitlines() if line.strip()})
     lines.append("  partitions (* the default): " + ", ".join(partitions))
     settings = site.srun_args()
     code, said = _run([sbatch, "--test-only", *settings, "--wrap", "true"], 20)
     where = site.partition or "the default partition"
-    if code != 0:
-        return "\n".join(lines + [f"  ✗ cannot submit to {where} ({' '.join(settings)}): {said[-300:]}"])
-    lines.append(f"  ✓ can submit to {where}: {said.splitlines()[-1].removeprefix('sbatch: ')}")
+    submits = code == 0
+    if submits:
+        lines.append(f"  ✓ can submit to {where}: {said.splitlines()[-1].removeprefix('sbatch: ')}")
+    else:
+        lines.append(f"  ✗ cannot submit to {where} ({' '.join(settings)}): {said[-300:]}")
+    lines.append(_gpu_tier(sbatch, gpu_site, bool(gpu_table)))
+    if not submits:
+        return "\n".join(lines)
     code, said = _run([srun, "--immediate=30", "--nodes=1", "--ntasks=1", "--quiet", f"--chdir={os.getcwd()}",
                        *settings, sys.executable, "-c", NODE_PROBE], 60)
     if code != 0:
@@ -134,6 +150,45 @@ def _slurm() -> str:
         lines.append(f"  {mark} node {node} grades with {layer}" + ("" if mark == "✓" else
                      ": install bubblewrap on the nodes, or grade-class --slurm grades nothing there"))
     return "\n".join(lines)
+
+
+def _slurm_version(sbatch: str) -> tuple[str, str]:
+    """sbatch's version, or "" and why this client has no cluster to talk to: SLURM_CONF
+    naming no file (sbatch would retry reading it for a minute), or sbatch failing to
+    read its configuration (no slurm.conf and no DNS record of a configless cluster)."""
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):
+        return "", f"SLURM_CONF={conf} is not a file"
+    code, said = _run([sbatch, "--version"], 10)
+    if code == 0 and re.fullmatch(r"slurm\S* \S+", said):
+        return said, ""
+    if "Could not establish a configuration source" in said:
+        return "", "no slurm.conf, and no DNS SRV record of a configless cluster"
+    return "", _slurm_says(said) or (f"sbatch --version: exit {code}" if code is not None else said)
+
+
+def _slurm_says(output: str) -> str:
+    """The last of SLURM's messages in ``output``, without its ``sbatch: fatal:`` prefix."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return re.sub(r"^\S+: (error|fatal): ", "", lines[-1])
+
+
+def _gpu_tier(sbatch: str, site, configured: bool) -> str:
+    """Whether a GPU-tier job can be submitted with its GPU request (``sbatch --test-only``):
+    ✗ when k2c-slurm.toml has a [gpu] table that does not work; "-" when there is none and
+    the default (``--gres=gpu:1`` on the default partition) does not."""
+    settings = site.srun_args()
+    ask = " ".join(a for a in settings if a.startswith(("--gres", "--gpus", "--partition")))
+    code, said = _run([sbatch, "--test-only", *settings, "--wrap", "true"], 20)
+    if code == 0:
+        return f"  ✓ GPU tier ({ask}): {said.splitlines()[-1].removeprefix('sbatch: ')}"
+    why = _slurm_says(said) or f"exit {code}"
+    if configured:
+        return f"  ✗ GPU tier: cannot submit {ask}: {why}"
+    return (f"  - GPU tier: cannot submit {ask}: {why} (only --tier gpu under SLURM needs it: give the GPU "
+            "partition and gres in k2c-slurm.toml's [gpu] table)")
 
 
 def report() -> tuple[str, bool]:

@@ -12,6 +12,7 @@ import os
 import sys
 
 SIMULATOR_VAR = "NUMBA_ENABLE_CUDASIM"
+DRIVERS = ("libcuda.so.1", "libcuda.so", "nvcuda.dll")
 
 
 @functools.cache
@@ -19,7 +20,7 @@ def gpu_available() -> bool:
     """True when the CUDA driver loads and reports at least one device."""
     if os.environ.get(SIMULATOR_VAR) == "1" and "numba.cuda" in sys.modules:
         return False
-    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+    for name in DRIVERS:
         try:
             driver = ctypes.CDLL(name)
         except OSError:
@@ -57,6 +58,50 @@ def use_simulator_if_no_gpu() -> str:
 
         cuda_sim.install()  # its barriers wake threads instead of polling them: several times faster
     return tier
+
+
+def cuda_devices() -> tuple[list[str], str]:
+    """The CUDA devices this process may use, by the driver's names for them
+    (``CUDA_VISIBLE_DEVICES`` applies, as to any CUDA program: on SLURM, the GPUs
+    the job was granted), or no names and why there are none, in words."""
+    if os.environ.get(SIMULATOR_VAR) == "1" and "numba.cuda" in sys.modules:
+        return [], "numba's CUDA simulator is on in this process"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    shown = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
+    for name in DRIVERS:
+        try:
+            driver = ctypes.CDLL(name)
+        except OSError:
+            continue
+        try:
+            status = driver.cuInit(0)
+            if status != 0:
+                return [], f"the CUDA driver did not start: {_cuda_error(driver, status)}{shown}"
+            count = ctypes.c_int(0)
+            status = driver.cuDeviceGetCount(ctypes.byref(count))
+            if status != 0 or count.value <= 0:
+                return [], f"the CUDA driver sees no device{shown}"
+            names = []
+            for ordinal in range(count.value):
+                device, text = ctypes.c_int(0), ctypes.create_string_buffer(256)
+                ok = driver.cuDeviceGet(ctypes.byref(device), ordinal) == 0 and \
+                    driver.cuDeviceGetName(text, len(text), device) == 0
+                names.append(text.value.decode(errors="replace") if ok and text.value else f"CUDA device {ordinal}")
+            return names, ""
+        except AttributeError:
+            return [], f"{name} is not a CUDA driver"
+    return [], "no CUDA driver: libcuda.so.1 is not installed"
+
+
+def _cuda_error(driver, status: int) -> str:
+    """The driver's words for a CUresult (cuGetErrorString works before cuInit)."""
+    text = ctypes.c_char_p()
+    try:
+        if driver.cuGetErrorString(status, ctypes.byref(text)) == 0 and text.value:
+            return f"{text.value.decode(errors='replace')} (error {status})"
+    except AttributeError:
+        pass
+    return f"error {status}"
 
 
 def describe_gpu() -> str:

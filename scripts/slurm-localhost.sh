@@ -14,25 +14,36 @@
 # No systemd: it starts `munged` as the munge user, writes /etc/slurm/slurm.conf
 # (ProctrackType=proctrack/linuxproc, TaskPlugin=task/none, no accounting,
 # select/cons_tres, SlurmUser=root; one node "localhost" at 127.0.0.1 with this
-# machine's CPU count; partition "k2c" with OverSubscribe=FORCE:4) and no
+# machine's CPU count and one GPU as GRES; partition "k2c", the default, and
+# partition "gpu", both of that node, with OverSubscribe=FORCE:4) and no
 # cgroup.conf (slurmd fails to start with one), then runs `slurmctld` and
 # `slurmd` and waits until `sinfo` shows the node idle. Jobs run as root.
 # With 2 CPUs, a job of 4 tasks on the node needs `--overcommit` (`-O`).
+#
+# The GPU is a stand-in, so that GPU jobs (`--gres=gpu:1`, `--gpus=1`) can be
+# tried without one: GresTypes=gpu, Gres=gpu:1 on the node, and a gres.conf with
+# AutoDetect=off and File=/dev/null. slurmd 22.05 drops a GPU without File=
+# ("Removing file-less GPU", and the node is then INVAL: "gres/gpu count reported
+# lower than configured"); /dev/null is a character device every machine has.
+# A job that asks for it gets CUDA_VISIBLE_DEVICES=0 and SLURM_JOB_GPUS=0, and
+# CUDA still finds no device: k2c's GPU tier refuses to grade there, saying so.
 #
 # MinJobAge=4 keeps `sbatch --wait` polling every 2 s (it backs off up to 32 s
 # while its interval is below MinJobAge/2); a finished job's record stays at
 # least 4 s.
 #
-# A slurm.conf that this script did not write is never overwritten (set
-# K2C_SLURM_FORCE=1 to replace it). Logs: /var/log/slurm/slurm{ctld,d}.log and
+# A slurm.conf or gres.conf that this script did not write is never overwritten
+# (set K2C_SLURM_FORCE=1 to replace them). Logs: /var/log/slurm/slurm{ctld,d}.log and
 # /var/log/munge/munged.log. Exit status: 0 when the cluster is up (start,
 # install, status) or down (stop); 1 with a message saying why otherwise.
 set -uo pipefail
 
 CONF=/etc/slurm/slurm.conf
+GRES=/etc/slurm/gres.conf
 MARK="# Written by k2c scripts/slurm-localhost.sh"
 NODE=localhost
 PARTITION=k2c
+GPU_PARTITION=gpu
 WAIT_S=${K2C_SLURM_WAIT_S:-60}
 STATE=/var/spool/slurmctld
 SPOOL=/var/spool/slurmd
@@ -125,24 +136,44 @@ SlurmdTimeout=60
 InactiveLimit=0
 KillWait=5
 MinJobAge=4
-NodeName=$NODE NodeAddr=127.0.0.1 NodeHostname=$NODE CPUs=$cpus State=UNKNOWN
+GresTypes=gpu
+NodeName=$NODE NodeAddr=127.0.0.1 NodeHostname=$NODE CPUs=$cpus Gres=gpu:1 State=UNKNOWN
 PartitionName=$PARTITION Nodes=$NODE Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+PartitionName=$GPU_PARTITION Nodes=$NODE MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 EOF
 }
 
-write_config() {  # returns 0 when the file changed
-  local text
-  text=$(config_text)
-  if [ -e "$CONF" ] && ! grep -qF "$MARK" "$CONF" && [ "${K2C_SLURM_FORCE:-}" != 1 ]; then
-    die "$CONF exists and was not written by this script; set K2C_SLURM_FORCE=1 to replace it"
+gres_text() {
+  cat <<EOF
+$MARK: the node's one GPU,
+# a stand-in with no GPU behind it (see that script): slurmd 22.05 drops a GPU without File=.
+AutoDetect=off
+NodeName=$NODE Name=gpu File=/dev/null
+EOF
+}
+
+configured() {  # slurm.conf and gres.conf are what this script writes
+  [ -e "$CONF" ] && [ "$(cat "$CONF")" = "$(config_text)" ] && [ -e "$GRES" ] && [ "$(cat "$GRES")" = "$(gres_text)" ]
+}
+
+write_file() {  # write_file PATH TEXT: returns 0 when the file changed
+  if [ -e "$1" ] && ! grep -qF "$MARK" "$1" && [ "${K2C_SLURM_FORCE:-}" != 1 ]; then
+    die "$1 exists and was not written by this script; set K2C_SLURM_FORCE=1 to replace it"
   fi
+  if [ -e "$1" ] && [ "$(cat "$1")" = "$2" ]; then return 1; fi
+  mkdir -p "$(dirname "$1")"
+  printf '%s\n' "$2" > "$1"
+  return 0
+}
+
+write_config() {  # returns 0 when slurm.conf or gres.conf changed
   if [ -e /etc/slurm/cgroup.conf ]; then
     die "/etc/slurm/cgroup.conf exists: slurmd does not start with it in a container; move it away and retry"
   fi
-  if [ -e "$CONF" ] && [ "$(cat "$CONF")" = "$text" ]; then return 1; fi
-  mkdir -p /etc/slurm
-  printf '%s\n' "$text" > "$CONF"
-  return 0
+  local changed=1
+  write_file "$CONF" "$(config_text)" && changed=0
+  write_file "$GRES" "$(gres_text)" && changed=0
+  return $changed
 }
 
 node_state() { sinfo -h -n "$NODE" -p "$PARTITION" -o %t 2>/dev/null | head -1 | tr -d '*~#'; }
@@ -169,8 +200,8 @@ stop_daemons() {
 
 start() {
   PATH="$PATH:/usr/sbin:/sbin"
-  if have_packages && [ -e "$CONF" ] && [ "$(cat "$CONF")" = "$(config_text)" ] && is_up; then
-    say "already up: node $NODE ($(nproc) CPUs) in partition $PARTITION is $(node_state)"; return 0
+  if have_packages && configured && is_up; then
+    say "already up: node $NODE ($(nproc) CPUs, a stand-in GPU) in partitions $PARTITION and $GPU_PARTITION is $(node_state)"; return 0
   fi
   [ "$(id -u)" = 0 ] || die "run this as root: sudo $0 start (it installs ${PACKAGES[*]} when missing, writes $CONF and starts the SLURM daemons)"
   have_packages || install_packages
@@ -189,7 +220,7 @@ start() {
   for i in $(seq 1 $((WAIT_S * 2))); do
     state=$(node_state)
     case "$state" in
-      idle|mix|alloc|comp) say "up: node $NODE ($(nproc) CPUs) in partition $PARTITION is $state"; return 0 ;;
+      idle|mix|alloc|comp) say "up: node $NODE ($(nproc) CPUs, a stand-in GPU) in partitions $PARTITION and $GPU_PARTITION is $state"; return 0 ;;
       down|drain|drng|fail) scontrol update nodename="$NODE" state=resume >/dev/null 2>&1 ;;
     esac
     if [ "$i" -gt 4 ]; then  # both daemons have had 2 s to write their pid files

@@ -3,8 +3,10 @@ for every student, whatever their submission does, and ``--resume`` grades
 only what changed. The SLURM form is in tests/test_slurm.py."""
 import csv
 import json
+import os
 import shutil
 import signal
+import socket
 import zipfile
 
 import pytest
@@ -72,8 +74,12 @@ def test_a_class_gets_a_row_per_student_and_resume_grades_only_what_changed(tmp_
     header = next(csv.reader(open(gradebook)))
     assert header[:5] == ["student", "score", "max", "tier", "status"]
     assert header[-3:] == ["duration_s", "digest", "message"]
-    assert header[5:-3] == ["chunk_bounds", "allreduce_ring_results", "isolation", "flags"]
+    assert header[5:-3] == ["chunk_bounds", "allreduce_ring_results", "isolation", "flags", "node", "gpu", "slurm_job"]
     assert {rows[name]["isolation"] for name in ("alice", "bob", "dave")} == {isolation.detect().layer.value}
+    # Where each was graded: this machine, on the CPU tier, outside SLURM (an empty row: nowhere).
+    assert {(rows[n]["node"], rows[n]["gpu"], rows[n]["slurm_job"]) for n in ("alice", "bob", "dave")} == {
+        (os.environ.get("SLURMD_NODENAME") or socket.gethostname(), "no GPU", "")}
+    assert rows["carol"]["node"] == ""
 
     def score(name):
         return float(rows[name]["score"])
@@ -89,7 +95,7 @@ def test_a_class_gets_a_row_per_student_and_resume_grades_only_what_changed(tmp_
     assert not (tmp_path / "outside.py").exists() and not (tmp_path / "class" / "outside.py").exists()
     assert len(rows["alice"]["digest"]) == 64 and rows["alice"]["digest"] == rows["dave"]["digest"]
     # The points per check add up to the score; the forged row is nowhere.
-    checks = header[5:-5]
+    checks = header[5:-8]
     assert sum(float(rows["alice"][c]) for c in checks) == score("alice")
     assert "mallory,100" not in gradebook.read_text() and "mallory,100" not in proc.stdout
     report = json.loads(gradebook.with_suffix(".json").read_text())

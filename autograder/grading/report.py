@@ -39,6 +39,15 @@ def _isolation(r: LabResult) -> str:
     return f"{r.isolation.get('layer', '?')}, as {r.isolation.get('user', '?')}"
 
 
+def _graded_on(r: LabResult) -> str:
+    """``graded on NODE · CARD · SLURM job N``: which machine graded, and with which GPU."""
+    where = r.graded_on
+    if not where:
+        return ""
+    return (f"graded on {where.get('node', '?')} · {where.get('gpu', '?')}"
+            + (f" · SLURM job {where['slurm_job']}" if where.get("slurm_job") else ""))
+
+
 def _missing(r: LabResult) -> bool:
     return r.status is LabStatus.MISSING
 
@@ -68,6 +77,8 @@ def text(results: list[LabResult]) -> str:
         lines.append(f"Lab {r.lab} — {r.title}")
         dry = " · GPU checks as a dry run on stand-ins (they award nothing)" if r.gpu_dry_run else ""
         lines.append(f"  {r.tier.upper()} tier{dry} · submission {r.submission}")
+        if r.graded_on:
+            lines.append(f"  {_graded_on(r)}")
         if _missing(r):
             lines.append(f"  MISSING: no lab files found. None of {', '.join(r.files)} is in the submission;")
             lines.append("  no check ran. Looked in:")
@@ -112,7 +123,7 @@ def _lab_json(r: LabResult) -> dict:
         **({"message": r.message, "files": list(r.files), "searched": list(r.searched)} if _missing(r) else {}),
         "score": r.score, "max_score": r.max_score, "duration_s": round(r.duration_s, 3),
         "student_s": round(r.student_s, 3),
-        "isolation": r.isolation, "checks_sha256": r.checks_digest,
+        "isolation": r.isolation, "graded_on": r.graded_on, "checks_sha256": r.checks_digest,
         **({"seed": str(r.seed)} if r.seed is not None else {}),
         "flags": [f.as_dict() for f in r.flags],
         "tests": [{"name": c.name, "title": c.title, "points": c.points, "max_points": c.max_points,

@@ -113,6 +113,7 @@ class LabResult:
     flags: list = field(default_factory=list)  # flags.Found: for the instructor, never in the score
     seed: int | None = None  # the secret the graded inputs were drawn from (autograder.grading.seeds)
     gpu_dry_run: bool = False  # the GPU checks ran on stand-ins, awarding nothing (GradingPlugin)
+    graded_on: dict = field(default_factory=dict)  # where.graded_on: the node, the card, the SLURM job
 
     @property
     def score(self) -> float:
@@ -138,8 +139,10 @@ def resolve_tier(requested: str) -> str:
     if requested == "auto":
         return found
     if requested == "gpu" and found != "gpu":
-        raise UsageError("--tier gpu asked for, but this machine has no usable CUDA GPU "
-                         "(see 'k2c doctor'); use --tier cpu or auto")
+        from autograder.grading.where import no_usable_gpu
+
+        raise UsageError(f"--tier gpu asked for, but "
+                         f"{no_usable_gpu() or 'this machine has no usable CUDA GPU: use --tier cpu or auto'}")
     return requested
 
 
@@ -225,10 +228,19 @@ def grade(lab: Lab, submission_root: Path, tier: str, timeout_s: float | None = 
     ``sandbox_for``: see ``Submission``; None gives this grading a sandbox of its own.
     ``dry_run_gpu`` (CPU tier): the GPU tier's checks run at tiny sizes on stand-in devices
     and are reported as skipped, awarding nothing (``GradingPlugin``)."""
+    from autograder.grading.where import graded_on
+
     if dry_run_gpu and tier != "cpu":
         raise UsageError(f"a dry run of the GPU tier runs on the CPU tier, not the {tier.upper()} tier")
+    result = _grade_submission(lab, Path(submission_root), tier, timeout_s, select, on_result, sandbox_for,
+                               dry_run_gpu)
+    result.graded_on = graded_on(tier)
+    return result
+
+
+def _grade_submission(lab, submission_root, tier, timeout_s, select, on_result, sandbox_for,
+                      dry_run_gpu) -> LabResult:
     start = time.monotonic()
-    submission_root = Path(submission_root)
     with tempfile.TemporaryDirectory(prefix="k2c-grade-") as tmp:
         scratch = Path(tmp).resolve()
         root, shown_from = submission_root, None  # shown_from: a zip's unpacked top

@@ -68,6 +68,15 @@ class Row:
     student_s: float = 0.0  # of which inside calls into the student's code
     message: str = ""
     report: dict | None = field(default=None, repr=False)  # k2c grade's JSON report
+    node: str = ""  # the machine that graded it (report["graded_on"]), and its GPU or "no GPU"
+    gpu: str = ""
+    slurm_job: str = ""  # with --slurm: the array task, JOB_TASK
+
+    def __post_init__(self):
+        where = (self.report or {}).get("graded_on") or {}
+        self.node = self.node or where.get("node", "")
+        self.gpu = self.gpu or where.get("gpu", "")
+        self.slurm_job = self.slurm_job or where.get("slurm_job", "")
 
     def as_dict(self) -> dict:
         return dict(asdict(self), status=self.status.value)
@@ -161,7 +170,7 @@ def grade_one(student: str, folder: Path, sha: str, settings: Settings, scratch:
         _kill(proc)
         proc.communicate()
         return Row(student, sha, RowStatus.TIMEOUT, tier=settings.tier, duration_s=time.monotonic() - started,
-                   message=f"grading ran past {settings.limit_s:g} s and was stopped")
+                   message=f"grading ran past {settings.limit_s:g} s and was stopped", **node_and_job())
     finally:
         with _running_lock:
             _running.discard(proc)
@@ -174,12 +183,19 @@ def grade_one(student: str, folder: Path, sha: str, settings: Settings, scratch:
     if proc.returncode != 0 or not report or "error" in report:
         why = (report or {}).get("error") or _last_lines(err.decode(errors="replace")) or f"exit status {proc.returncode}"
         return Row(student, sha, RowStatus.CRASHED, tier=settings.tier, duration_s=duration,
-                   message=f"grading failed: {why}")
+                   message=f"grading failed: {why}", **node_and_job())
     if report.get("status") == LabStatus.MISSING.value:
         return Row(student, sha, RowStatus.MISSING, 0.0, report["max_score"], report["tier"], duration, 0.0,
                    report["message"], report)
     return Row(student, sha, RowStatus.GRADED, report["score"], report["max_score"], report["tier"], duration,
                report.get("student_s", 0.0), _summary(report), report)
+
+
+def node_and_job() -> dict:
+    """A row's node and SLURM job where the grading left no report to say them."""
+    from autograder.grading.where import node, slurm_job
+
+    return {"node": node(), "slurm_job": slurm_job()}
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -283,14 +299,14 @@ def write(output: Path, rows: list[Row], settings: Settings, checks_sha256: str)
     top = next((r.max_score for r in rows if r.max_score is not None), None)
     buffer = io.StringIO()
     out = csv.writer(buffer)
-    out.writerow(["student", "score", "max", "tier", "status", *checks, "isolation", "flags", "duration_s",
-                  "digest", "message"])
+    out.writerow(["student", "score", "max", "tier", "status", *checks, "isolation", "flags", "node", "gpu",
+                  "slurm_job", "duration_s", "digest", "message"])
     for row in sorted(rows, key=lambda r: r.student):
         points = {t["name"]: t["points"] for t in (row.report or {}).get("tests", [])}
         out.writerow([row.student, f"{row.score:g}", "" if top is None else f"{top:g}", row.tier or settings.tier,
                       row.status.value, *(_pts(points.get(name)) for name in checks),
                       (row.report or {}).get("isolation", {}).get("layer", ""), _flags(row),
-                      f"{row.duration_s:.1f}", row.digest, row.message])
+                      row.node, row.gpu, row.slurm_job, f"{row.duration_s:.1f}", row.digest, row.message])
     write_results(str(csv_path), buffer.getvalue())
     write_results(str(json_path), json.dumps({
         "lab": settings.lab, "tier": settings.tier, "checks_sha256": checks_sha256, "select": settings.select,
