@@ -4,9 +4,9 @@
 (a fresh Python in the sandbox's isolation layer, as the student's user, imports
 what the lab's calls need) and one call through the sandbox; from calls in the
 sandbox, two MPI ranks that all-reduce and two torch processes that all-reduce over
-gloo; one kernel compiled for sm_90; each only where the lab needs it (its
-``lab.toml`` requires). Gradescope's
-``setup.sh`` runs it, so a missing piece fails the image build with its
+gloo; one kernel compiled for every GPU architecture the compile checks target
+(``course.gpu_compile.TARGETS``); each only where the lab needs it (its
+``lab.toml`` requires). Gradescope's ``setup.sh`` runs it, so a missing piece fails the image build with its
 reason instead of every student's grade. Exit status 0 when every probe
 passed, 2 otherwise (the status of a usage error: the machine, not a
 submission, is at fault).
@@ -78,10 +78,15 @@ def check_compile(labs: list[Lab]) -> str:
     done = gpu_compile.compile_source(kernel, {"scale": "void(float32[:])"})
     if "unavailable" in done:
         raise RuntimeError(done["unavailable"])
-    result = done["scale"]["sm_90"]
-    if not result.get("ok"):
-        raise RuntimeError(result.get("error", "the compile failed"))
-    return f"a kernel compiled for sm_90 ({result['registers']} registers)"
+    return f"a kernel compiled for {_every_target(done['scale'])}"
+
+
+def _every_target(results: dict) -> str:
+    """``sm_75, ..., sm_120 (7 architectures)``, or raise with the first target that failed."""
+    for target, result in results.items():
+        if not result.get("ok"):
+            raise RuntimeError(f"{target}: {result.get('error', 'the compile failed')}")
+    return f"{', '.join(results)} ({len(results)} architectures)"
 
 
 def check_nvrtc(labs: list[Lab]) -> str:
@@ -90,10 +95,9 @@ def check_nvrtc(labs: list[Lab]) -> str:
     why = gpu_compile.nvrtc_unavailable()
     if why:
         raise RuntimeError(why)
-    result = gpu_compile.compile_cuda_c('extern "C" __global__ void scale(float *x) { x[threadIdx.x] *= 2; }', (9, 0))
-    if not result.get("ok"):
-        raise RuntimeError(result.get("error", "the compile failed"))
-    return "CUDA C compiled for sm_90 with NVRTC"
+    results = gpu_compile.compile_cuda_c_for_targets(
+        'extern "C" __global__ void scale(float *x) { x[threadIdx.x] *= 2; }')
+    return f"CUDA C compiled with NVRTC for {_every_target(results)}"
 
 
 def check_torch(labs: list[Lab]) -> str:

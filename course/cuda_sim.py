@@ -14,8 +14,9 @@ every thread still running waits at it; the first exception in a thread aborts
 the block and is raised from the launch), so kernels compute what they did
 before, with Python's default switch interval, several times faster.
 
-It replaces internals of numba-cuda 0.30.4 (pinned in pyproject.toml); with
-any other version it leaves the simulator as it is, only slower.
+It replaces internals of numba-cuda 0.30.4 (pinned in pyproject.toml, and listed
+with the course's other uses of numba-cuda's internals in ``course.numba_internals``);
+with any other version it leaves the simulator as it is, only slower.
 """
 from __future__ import annotations
 
@@ -24,17 +25,10 @@ import threading
 
 import numpy as np
 
-SUPPORTED = "0.30.4"
+from course import numba_internals
+
+SUPPORTED = numba_internals.WRITTEN_FOR
 _installed = False
-
-
-def _numba_cuda_version() -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version("numba-cuda")
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def install() -> bool:
@@ -44,7 +38,7 @@ def install() -> bool:
     global _installed
     if _installed:
         return True
-    if _numba_cuda_version() != SUPPORTED:
+    if not numba_internals.written_for_installed():
         # The poll needs a short switch interval to get anywhere.
         sys.setswitchinterval(1e-4)
         return False

@@ -3,43 +3,86 @@
 numba's CUDA simulator runs a kernel as Python, so lists, ``np.zeros``, plain
 Python helpers and shared arrays of a size known only at run time all "work"
 there and fail on a device. This module compiles each kernel with numba-cuda's
-real compiler (NVVM, from PyPI's CUDA 12 wheels) for sm_80 and sm_90, then
+real compiler (NVVM, from PyPI's CUDA 12 wheels) for every architecture the
+course supports (``ARCHITECTURES``: T4's sm_75 to RTX 50xx's sm_120), then
 assembles the PTX with ``ptxas -v`` for what the hardware will see: registers
 per thread, shared memory per block, bytes spilled to local memory. No GPU and
 no driver are needed; it must run in a process where the simulator is off
 (``NUMBA_ENABLE_CUDASIM`` is read when ``numba.cuda`` is first imported).
 
     from course import gpu_compile
-    gpu_compile.compile_kernel(saxpy_kernel, "void(float32[:], float32, float32[:], float32[:])", (9, 0))
-    # {"ok": True, "registers": 10, "shared_bytes": 0, "spill_bytes": 0, "seconds": 0.05, ...}
+    gpu_compile.compile_for_targets(saxpy_kernel, "void(float32[:], float32, float32[:], float32[:])")
+    # {"sm_75": {"ok": True, "registers": 10, "shared_bytes": 0, "spill_bytes": 0, ...}, ..., "sm_120": {...}}
 
-Compiling a kernel that calls a ``@cuda.jit(device=True)`` function asks the
-driver for the current device's compute capability; ``_fixed_device`` answers
-instead, for the target being compiled. That touches numba-cuda's internals,
-so it is pinned to the version it was written for (``WRITTEN_FOR``), and
-``unavailable()`` says so on any other.
+A kernel is typed and lowered once, then NVVM compiles it for each target and
+ptxas assembles every target at once. Compiling without a device replaces
+numba-cuda's device lookups and relies on its lowering step: those internals
+live in ``course.numba_internals``, pinned to the version they were written for,
+and ``unavailable()`` says so on any other.
 
 CuPy's kernels are CUDA C: ``capture_cupy_kernels`` records them without CuPy,
 ``elementwise_source`` writes the loop an ``ElementwiseKernel`` stands for, and
-``compile_cuda_c`` compiles it with NVRTC. ``build_on_host`` builds that same
+``compile_cuda_c_for_targets`` compiles it with NVRTC. ``build_on_host`` builds that same
 loop for the CPU with a C++ compiler and ``run_elementwise_on_host`` runs it on
 NumPy arrays, so its arithmetic can be checked with no GPU; what only a GPU has
 (warp functions, atomics, shared memory) does not build there (``HOST_PRELUDE``).
 """
 from __future__ import annotations
 
-import contextlib
-import importlib
+import functools
 import os
 import re
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
-TARGETS = ((8, 0), (9, 0))
-WRITTEN_FOR = "0.30.4"  # numba-cuda: the version whose device lookup _fixed_device replaces
+from course import numba_internals
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A GPU architecture a course meets: its compute capability, the cards that have
+    it and where students find them. ``left_out`` says why the compile checks do not
+    build for it ("" when they do)."""
+    cc: tuple[int, int]
+    cards: str
+    where: str
+    left_out: str = ""
+
+    @property
+    def sm(self) -> str:
+        return sm(self.cc)
+
+
+def sm(cc) -> str:
+    """``(8, 6)`` -> ``"sm_86"``."""
+    return f"sm_{cc[0]}{cc[1]}"
+
+
+_BELOW_FLOOR = "below the course's floor: CUDA 13 dropped Maxwell, Pascal and Volta"
+# The one list of the GPUs the course supports. Every compile check builds for each
+# architecture without a ``left_out`` reason (``TARGETS``); docs/gpus.md shows the table
+# (scripts/compile_matrix.py writes it from this list; a test checks it is current).
+ARCHITECTURES: tuple[Architecture, ...] = (
+    Architecture((6, 0), "P100", "Kaggle", _BELOW_FLOOR + (
+        "; on Kaggle's P100 today's torch allocates, then every operation fails (cudaErrorNoKernelImageForDevice)")),
+    Architecture((7, 0), "V100", "older clusters, AWS p3", _BELOW_FLOOR),
+    Architecture((7, 5), "T4", "Colab's free tier, Kaggle, AWS g4dn, GCP"),
+    Architecture((8, 0), "A100", "clusters, AWS p4d, GCP a2, Colab's paid tiers"),
+    Architecture((8, 6), "A10G, RTX 30xx, RTX A6000", "AWS g5, desktops and laptops"),
+    Architecture((8, 9), "L4, L40S, RTX 40xx", "GCP g2, Colab's paid tiers, AWS g6, desktops"),
+    Architecture((9, 0), "H100, H200", "clusters, cloud GPU instances"),
+    Architecture((10, 0), "B200", "new clusters, cloud GPU instances"),
+    Architecture((11, 0), "Jetson AGX Thor", "robotics labs", (
+        "the pinned compilers (CUDA 12.9) do not know sm_110 (ptxas: \"Value 'sm_110' is not defined for "
+        "option 'gpu-name'\"; NVRTC does not list it): CUDA 13.0 renamed Thor from sm_101")),
+    Architecture((12, 0), "RTX 50xx, RTX Pro 6000", "desktops, Kaggle"),
+)
+TARGETS = tuple(a.cc for a in ARCHITECTURES if not a.left_out)
+WRITTEN_FOR = numba_internals.WRITTEN_FOR  # numba-cuda
 INSTALL = ("pip install 'numba-cuda==0.30.4' 'cuda-bindings==12.9.*' 'nvidia-cuda-nvcc-cu12==12.9.86' "
            "'nvidia-cuda-nvrtc-cu12==12.9.86' 'nvidia-cuda-runtime-cu12==12.9.79'")
 
@@ -95,31 +138,47 @@ def unavailable() -> str:
         return f"no CUDA compiler (NVVM) here: {str(exc).strip().splitlines()[0]}; install it with {INSTALL}"
     if not ptxas():
         return f"no ptxas here; install it with {INSTALL}"
-    return ""
+    return _gaps_reason()
 
 
-class _Device:
-    """What the compiler asks of the current device, for a machine that has none."""
+def _gaps_reason() -> str:
+    gaps = compiler_gaps()
+    if not gaps:
+        return ""
+    return ("the CUDA compilers here cannot build " + "; ".join(f"{sm(cc)} ({why})" for cc, why in gaps.items())
+            + f", which the compile checks target: install the pinned ones ({INSTALL})")
 
-    def __init__(self, cc):
-        self.compute_capability = tuple(cc)
-        self.name = f"sm_{cc[0]}{cc[1]} (compiled without a device)"
+
+@functools.cache
+def _ptxas_architectures() -> frozenset[str]:
+    """The ``sm_XX`` values this ptxas accepts for ``-arch`` (from its ``--help``)."""
+    done = subprocess.run([ptxas(), "--help"], capture_output=True, text=True, timeout=60)
+    allowed = done.stdout.split("--gpu-name", 1)[-1].split("Default value", 1)[0]
+    return frozenset(re.findall(r"'(sm_\d+)'", allowed))
 
 
-@contextlib.contextmanager
-def _fixed_device(cc):
-    from numba.cuda import compiler, dispatcher
-    from numba.cuda.memory_management import nrt
+@functools.cache
+def nvrtc_architectures() -> frozenset[int]:
+    """The architectures this NVRTC compiles for (``nvrtcGetSupportedArchs``, e.g. 75, 80)."""
+    from cuda.bindings import nvrtc
 
-    modules = (compiler, dispatcher, nrt)
-    saved = [m.get_current_device for m in modules]
-    for m in modules:
-        m.get_current_device = lambda: _Device(cc)
-    try:
-        yield
-    finally:
-        for m, original in zip(modules, saved):
-            m.get_current_device = original
+    status, archs = nvrtc.nvrtcGetSupportedArchs()
+    if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise RuntimeError(f"nvrtcGetSupportedArchs failed: {status}")
+    return frozenset(archs)
+
+
+def compiler_gaps(targets=None) -> dict:
+    """``{cc: why}`` for each of ``targets`` (default ``TARGETS``) that the compilers here
+    cannot build: ptxas does not know it, or NVRTC does not (numba-cuda then compiles
+    for the closest architecture NVRTC knows instead, silently). {} with the pinned ones."""
+    gaps = {}
+    for cc in targets if targets is not None else TARGETS:
+        missing = [name for name, knows in (("ptxas", sm(cc) in _ptxas_architectures()),
+                                            ("NVRTC", cc[0] * 10 + cc[1] in nvrtc_architectures())) if not knows]
+        if missing:
+            gaps[tuple(cc)] = f"{' and '.join(missing)} here {'do' if len(missing) > 1 else 'does'} not know it"
+    return gaps
 
 
 _RESOURCES = {"registers": r"Used (\d+) registers", "shared_bytes": r"(\d+) bytes smem",
@@ -128,18 +187,37 @@ _RESOURCES = {"registers": r"Used (\d+) registers", "shared_bytes": r"(\d+) byte
 
 def resources(ptx: str, cc) -> dict:
     """``ptxas -v`` on ``ptx`` for ``cc``: registers, shared memory, spills and stack of its kernel."""
+    found = resources_for_targets({tuple(cc): ptx})[tuple(cc)]
+    if isinstance(found, Exception):
+        raise found
+    return found
+
+
+def resources_for_targets(ptxes: dict) -> dict:
+    """``ptxas -v`` on each ``{cc: ptx}``, all targets at once (one ptxas each):
+    ``{cc: resources}``, or ``{cc: RuntimeError}`` with ptxas's words where it refused."""
     with tempfile.TemporaryDirectory(prefix="k2c-ptxas-") as folder:
-        source = os.path.join(folder, "kernel.ptx")
-        with open(source, "w") as f:
-            f.write(ptx)
-        done = subprocess.run([ptxas(), "-v", f"-arch=sm_{cc[0]}{cc[1]}", source, "-o", os.devnull],
-                              capture_output=True, text=True, timeout=60)
-    if done.returncode != 0:
-        raise RuntimeError(f"ptxas rejected the PTX: {done.stderr.strip()[:500]}")
-    found = {}
-    for key, pattern in _RESOURCES.items():
-        match = re.search(pattern, done.stderr)
-        found[key] = int(match.group(1)) if match else 0
+        running = {}
+        for cc, ptx in ptxes.items():
+            source = os.path.join(folder, f"{sm(cc)}.ptx")
+            with open(source, "w") as f:
+                f.write(ptx)
+            running[cc] = subprocess.Popen([ptxas(), "-v", f"-arch={sm(cc)}", source, "-o", os.devnull],
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        found = {}
+        for cc, proc in running.items():
+            try:
+                _, log = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                found[cc] = RuntimeError("ptxas took over 60 s")
+                continue
+            if proc.returncode != 0:
+                found[cc] = RuntimeError(f"ptxas rejected the PTX: {log.strip()[:500]}")
+                continue
+            found[cc] = {key: int(match.group(1)) if (match := re.search(pattern, log)) else 0
+                         for key, pattern in _RESOURCES.items()}
     return found
 
 
@@ -213,18 +291,53 @@ def _source(func) -> str:
 
 def compile_kernel(kernel, signature: str, cc) -> dict:
     """Compile ``kernel`` (a ``@cuda.jit`` function) for ``cc``; what ptxas says of it, or why it failed."""
-    from numba import cuda
+    return compile_for_targets(kernel, signature, [cc])[sm(cc)]
 
+
+def _lowering_group(cc) -> int:
+    """Targets in one group share a lowering: typing and lowering read the compute
+    capability only at these thresholds (``numba_internals.LOWERING_READS_CC_AT``)."""
+    return sum(tuple(cc) >= gate for gate in numba_internals.LOWERING_READS_CC_AT)
+
+
+def compile_for_targets(kernel, signature: str, targets=None) -> dict:
+    """Compile ``kernel`` (a ``@cuda.jit`` function) for each of ``targets`` (default
+    ``TARGETS``): ``{"sm_75": result, ...}``, each what ptxas says of it (registers,
+    shared_bytes, spill_bytes, stack_bytes) or why it failed (``ok`` False, ``error`` in a
+    student's words, ``compiler``'s own). Typed and lowered once (per group of targets
+    that lower alike), then NVVM per target, then ptxas for every target at once."""
     func = getattr(kernel, "py_func", kernel)
-    start = time.monotonic()
-    try:
-        with _fixed_device(cc):
-            ptx, _ = cuda.compile_ptx(func, signature, cc=tuple(cc))
-        found = resources(ptx, cc)
-    except Exception as exc:  # noqa: BLE001 - a compile error is the answer, reported as data
+    targets = [tuple(cc) for cc in (targets if targets is not None else TARGETS)]
+    results, ptxes, started = {}, {}, {}
+
+    def failed(exc, since):
         return {"ok": False, "error": explain(str(exc), _source(func)), "compiler": str(exc).strip()[:1500],
-                "seconds": round(time.monotonic() - start, 3)}
-    return {"ok": True, **found, "ptx_bytes": len(ptx), "seconds": round(time.monotonic() - start, 3)}
+                "seconds": round(time.monotonic() - since, 3)}
+
+    groups = {}
+    for cc in targets:
+        groups.setdefault(_lowering_group(cc), []).append(cc)
+    for group in groups.values():
+        start = time.monotonic()
+        try:
+            library = numba_internals.lower_kernel(func, signature, min(group))
+        except Exception as exc:  # noqa: BLE001 - a compile error is the answer, reported as data
+            results.update({cc: failed(exc, start) for cc in group})
+            continue
+        shared = (time.monotonic() - start) / len(group)  # the lowering's time, shared by its targets
+        for cc in group:
+            started[cc] = time.monotonic() - shared
+            try:
+                ptxes[cc] = numba_internals.ptx_for(library, cc)
+            except Exception as exc:  # noqa: BLE001 - as above
+                results[cc] = failed(exc, started[cc])
+    for cc, found in resources_for_targets(ptxes).items():
+        if isinstance(found, Exception):
+            results[cc] = failed(found, started[cc])
+        else:
+            results[cc] = {"ok": True, **found, "ptx_bytes": len(ptxes[cc]),
+                           "seconds": round(time.monotonic() - started[cc], 3)}
+    return {sm(cc): results[cc] for cc in targets}
 
 
 def warm_up() -> None:
@@ -234,15 +347,15 @@ def warm_up() -> None:
     per check. Does nothing where kernels cannot be compiled."""
     if unavailable():
         return
-    from numba import cuda
 
     def warm(flags):
+        from numba import cuda
+
         k = cuda.grid(1)
         if k < flags.shape[0]:
             flags[k] = 0
 
-    for cc in TARGETS:
-        compile_kernel(warm, "void(float32[:])", cc)
+    compile_for_targets(warm, "void(float32[:])")
 
 
 _COMPILE_SOURCE = r'''
@@ -252,18 +365,18 @@ request = json.loads(sys.stdin.read())
 namespace = {}
 exec(request["source"], namespace)
 print(json.dumps({"unavailable": gpu_compile.unavailable()} if gpu_compile.unavailable() else {
-    name: {f"sm_{cc[0]}{cc[1]}": gpu_compile.compile_kernel(namespace[name], signature, cc)
-           for cc in gpu_compile.TARGETS}
+    name: gpu_compile.compile_for_targets(namespace[name], signature, request["targets"])
     for name, signature in request["signatures"].items()}))
 '''
 
 
-def compile_source(source: str, signatures: dict, header: str = "") -> dict:
+def compile_source(source: str, signatures: dict, header: str = "", targets=None) -> dict:
     """Compile kernels given as source text (``inspect.getsource`` of a notebook's
     kernel, say) in a process of their own with the simulator off, so a notebook
     that runs its kernels in the simulator can still see what a GPU would make of
-    them: ``{name: {"sm_90": result, ...}}``, or ``{"unavailable": why}``.
-    ``header`` runs first (imports and constants the kernels use)."""
+    them: ``{name: {"sm_90": result, ...}}`` for ``targets`` (default ``TARGETS``),
+    or ``{"unavailable": why}``. ``header`` runs first (imports and constants the
+    kernels use)."""
     import json
     import sys
 
@@ -273,7 +386,8 @@ def compile_source(source: str, signatures: dict, header: str = "") -> dict:
                PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
     done = subprocess.run([sys.executable, "-c", _COMPILE_SOURCE], env=env, capture_output=True, text=True,
                           timeout=300, input=json.dumps({"source": prelude + header + "\n" + source,
-                                                         "signatures": signatures}))
+                                                         "signatures": signatures,
+                                                         "targets": [list(cc) for cc in targets or TARGETS]}))
     if done.returncode != 0:
         raise RuntimeError(f"compiling failed: {done.stderr.strip()[-1500:]}")
     return json.loads(done.stdout.splitlines()[-1])
@@ -361,7 +475,8 @@ def elementwise_source(kernel: dict, placeholder: str = "float") -> str:
 
 
 def nvrtc_unavailable() -> str:
-    """Why CUDA C cannot be compiled here ("" when it can): NVRTC or ptxas missing."""
+    """Why CUDA C cannot be compiled here ("" when it can): NVRTC or ptxas missing, or they
+    do not know an architecture the compile checks target (``compiler_gaps``)."""
     if _not_linux():
         return _not_linux()
     try:
@@ -372,34 +487,63 @@ def nvrtc_unavailable() -> str:
             return f"NVRTC did not load ({status}); install it with {INSTALL}"
     except Exception as exc:  # noqa: BLE001 - whatever stops NVRTC loading is the reason
         return f"no NVRTC here ({str(exc).strip().splitlines()[0]}); install it with {INSTALL}"
-    return "" if ptxas() else f"no ptxas here; install it with {INSTALL}"
+    return _gaps_reason() if ptxas() else f"no ptxas here; install it with {INSTALL}"
 
 
 def compile_cuda_c(source: str, cc) -> dict:
+    """Compile CUDA C with NVRTC for ``cc``; ptxas's resources, or NVRTC's log."""
+    return compile_cuda_c_for_targets(source, [cc])[sm(cc)]
+
+
+def _nvrtc_ptx(nvrtc, source: str, cc):
+    """NVRTC's PTX of ``source`` for ``cc``, or (None, its log)."""
+    _, program = nvrtc.nvrtcCreateProgram(source.encode(), b"kernel.cu", 0, [], [])
+    try:
+        options = [f"--gpu-architecture=compute_{cc[0]}{cc[1]}".encode(), b"-default-device"]
+        (status,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
+        _, size = nvrtc.nvrtcGetProgramLogSize(program)
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(program, log)
+        log = log.decode(errors="replace").rstrip("\x00 \n")
+        if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            return None, log
+        _, size = nvrtc.nvrtcGetPTXSize(program)
+        ptx = b" " * size
+        nvrtc.nvrtcGetPTX(program, ptx)
+        return ptx.decode().rstrip("\x00"), log
+    finally:
+        nvrtc.nvrtcDestroyProgram(program)
+
+
+def compile_cuda_c_for_targets(source: str, targets=None) -> dict:
     """Compile CUDA C with NVRTC (the ``nvidia-cuda-nvrtc-cu12`` wheel, through
-    cuda-bindings) for ``cc``; ptxas's resources, or NVRTC's log."""
-    start = time.monotonic()
+    cuda-bindings) for each of ``targets`` (default ``TARGETS``), as CuPy compiles for
+    the device it runs on: ``{"sm_75": result, ...}``, each ptxas's resources or NVRTC's
+    errors. ptxas assembles every target at once."""
+    targets = [tuple(cc) for cc in (targets if targets is not None else TARGETS)]
     try:
         from cuda.bindings import nvrtc
     except ImportError as exc:
-        return {"ok": False, "error": f"no NVRTC here ({exc}); install it with {INSTALL}", "compiler": str(exc),
-                "seconds": 0.0}
-    err, program = nvrtc.nvrtcCreateProgram(source.encode(), b"kernel.cu", 0, [], [])
-    options = [f"--gpu-architecture=compute_{cc[0]}{cc[1]}".encode(), b"-default-device"]
-    (status,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
-    _, size = nvrtc.nvrtcGetProgramLogSize(program)
-    log = b" " * size
-    nvrtc.nvrtcGetProgramLog(program, log)
-    log = log.decode(errors="replace").rstrip("\x00 \n")
-    if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        errors = [line.split("error:", 1)[1].strip() for line in log.splitlines() if "error:" in line]
-        return {"ok": False, "error": "; ".join(errors[:3]) or log[:300], "compiler": log[:1500],
-                "seconds": round(time.monotonic() - start, 3)}
-    _, size = nvrtc.nvrtcGetPTXSize(program)
-    ptx = b" " * size
-    nvrtc.nvrtcGetPTX(program, ptx)
-    found = resources(ptx.decode().rstrip("\x00"), cc)
-    return {"ok": True, **found, "seconds": round(time.monotonic() - start, 3)}
+        failure = {"ok": False, "error": f"no NVRTC here ({exc}); install it with {INSTALL}", "compiler": str(exc),
+                   "seconds": 0.0}
+        return {sm(cc): failure for cc in targets}
+    results, ptxes, started = {}, {}, {}
+    for cc in targets:
+        started[cc] = time.monotonic()
+        ptx, log = _nvrtc_ptx(nvrtc, source, cc)
+        if ptx is None:
+            errors = [line.split("error:", 1)[1].strip() for line in log.splitlines() if "error:" in line]
+            results[cc] = {"ok": False, "error": "; ".join(errors[:3]) or log[:300], "compiler": log[:1500],
+                           "seconds": round(time.monotonic() - started[cc], 3)}
+        else:
+            ptxes[cc] = ptx
+    for cc, found in resources_for_targets(ptxes).items():
+        if isinstance(found, Exception):
+            results[cc] = {"ok": False, "error": str(found)[:300], "compiler": str(found)[:1500],
+                           "seconds": round(time.monotonic() - started[cc], 3)}
+        else:
+            results[cc] = {"ok": True, **found, "seconds": round(time.monotonic() - started[cc], 3)}
+    return {sm(cc): results[cc] for cc in targets}
 
 
 # -- CuPy kernels on the host: the same generated loop, built with a C++ compiler -------

@@ -11,7 +11,8 @@ from datetime import datetime, timezone
 
 # Metrics that are not numbers of one check: the record and its one-line summary go above
 # the table, the long description of how each time was measured stays in the JSON.
-NOT_IN_THE_TABLE = ("record", "device", "measured")
+# The compile checks' registers, shared memory and spills ("ptxas") are a table of their own.
+NOT_IN_THE_TABLE = ("record", "device", "measured", "ptxas")
 
 
 def _device_lines(labs) -> list[str]:

@@ -51,10 +51,26 @@ def with_shared_sized_at_run_time(out, x):
 def returning(out, x):
     return x[0]
 
+SIGNATURE = "void(float32[:], float32[:])"
+
+
+def one_compile_per_target(f):
+    """What numba-cuda's own compile_ptx and ptxas make of f for each target: the
+    reference that lowering once, then NVVM and ptxas per target, must agree with."""
+    found = {}
+    for cc in gpu_compile.TARGETS:
+        with numba_internals.fixed_device(cc):
+            ptx, _ = cuda.compile_ptx(f, SIGNATURE, cc=cc)
+        found[gpu_compile.sm(cc)] = {k: v for k, v in gpu_compile.resources(ptx, cc).items()}
+    return found
+
+
+from course import numba_internals
 print(json.dumps({"unavailable": gpu_compile.unavailable(), "results": {
-    f.__name__: [gpu_compile.compile_kernel(f, "void(float32[:], float32[:])", cc) for cc in gpu_compile.TARGETS]
+    f.__name__: gpu_compile.compile_for_targets(f, SIGNATURE)
     for f in (with_device_function, with_shared, with_zeros, with_plain_helper, with_list,
-              with_shared_sized_at_run_time, returning)}}))
+              with_shared_sized_at_run_time, returning)},
+    "per_target": {f.__name__: one_compile_per_target(f) for f in (with_device_function, with_shared)}}))
 '''
 
 ADVICE = {
@@ -66,7 +82,11 @@ ADVICE = {
 }
 
 
-def test_kernels_compile_for_sm80_and_sm90_without_a_gpu_and_mistakes_are_explained():
+def test_kernels_compile_for_every_supported_gpu_without_one_and_mistakes_are_explained():
+    """Every architecture of TARGETS, T4's sm_75 to RTX 50xx's sm_120, from one lowering per
+    kernel: what ptxas says of each equals what numba-cuda's own compile for that target gives."""
+    from course import gpu_compile
+
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0", PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-c", KERNELS], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
@@ -74,13 +94,53 @@ def test_kernels_compile_for_sm80_and_sm90_without_a_gpu_and_mistakes_are_explai
     found = json.loads(proc.stdout.splitlines()[-1])
     assert found["unavailable"] == "", found["unavailable"]  # `make test` installs the CUDA 12 compilers
     results = found["results"]
+    targets = [gpu_compile.sm(cc) for cc in gpu_compile.TARGETS]
+    assert targets[0] == "sm_75" and len(targets) >= 7, targets
+    assert all(list(by_target) == targets for by_target in results.values()), results
     for name in ("with_device_function", "with_shared"):
-        for target in results[name]:
-            assert target["ok"] and target["registers"] > 0, (name, target)
-    assert all(t["shared_bytes"] == 128 * 4 for t in results["with_shared"])  # ptxas's count of the tile
+        for target, result in results[name].items():
+            assert result["ok"] and result["registers"] > 0, (name, target, result)
+            want = found["per_target"][name][target]
+            assert {k: result[k] for k in want} == want, (name, target, result, want)
+    assert all(t["shared_bytes"] == 128 * 4 for t in results["with_shared"].values())  # ptxas's count of the tile
     for name, advice in ADVICE.items():
-        for target in results[name]:
+        for target in results[name].values():
             assert not target["ok"] and advice in target["error"], (name, target)
+
+
+def test_every_architecture_is_compiled_for_or_left_out_with_its_reason():
+    """The pinned compilers build every target; an architecture left out says why, and a
+    reason about the compilers stays true (the day they build it, this says to move it in)."""
+    from course import gpu_compile
+
+    assert gpu_compile.compiler_gaps() == {}, gpu_compile.compiler_gaps()
+    assert set(gpu_compile.TARGETS) == {a.cc for a in gpu_compile.ARCHITECTURES if not a.left_out}
+    for arch in gpu_compile.ARCHITECTURES:
+        if "pinned compilers" in arch.left_out:
+            assert gpu_compile.compiler_gaps([arch.cc]), (
+                f"the pinned compilers now build {arch.sm}: move {arch.cards} into the compile checks")
+        elif arch.left_out:
+            assert "floor" in arch.left_out, arch
+
+
+def test_a_target_the_compilers_here_cannot_build_skips_the_compile_checks_with_the_reason(monkeypatch):
+    """A machine whose compilers lack a target the checks build for is the machine's fault:
+    the compile checks skip, naming the architecture, never fail a student's kernel."""
+    from course import gpu_compile
+
+    monkeypatch.setattr(gpu_compile, "TARGETS", gpu_compile.TARGETS + ((11, 0),))
+    why = gpu_compile._gaps_reason()
+    assert "cannot build sm_110 (ptxas and NVRTC here do not know it)" in why and "install the pinned" in why, why
+
+
+def test_the_compile_checks_name_the_architectures_they_build():
+    from course import gpu_compile
+
+    span = f"{gpu_compile.sm(min(gpu_compile.TARGETS))} to {gpu_compile.sm(max(gpu_compile.TARGETS))}"
+    for path in ("02-cuda-model/check_cuda_basics.py", "03-shared-memory/check_shared_kernels.py",
+                 "04-cupy-streams/check_cupy_streams.py"):
+        text = (REPO / "autograder" / "checks" / path).read_text()
+        assert f"every GPU the course supports, {span}" in text, path
 
 
 def test_compiling_in_the_simulator_is_refused_with_the_reason():

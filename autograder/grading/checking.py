@@ -77,10 +77,10 @@ def unstubbed(kernel):
 
 
 def compile_kernels(module_name: str, signatures: dict) -> dict:
-    """Compile a submission's kernels ``{name: signature}`` for every real target
-    (``course.gpu_compile``): ``{"kernels": {name: {"sm_90": result, ...}}}``, a
-    stub's ``{"not_implemented": hint}``, or ``{"unavailable": why}``. Runs in a
-    sandboxed call with the simulator off (``Submission.compiling()``)."""
+    """Compile a submission's kernels ``{name: signature}`` for every architecture the
+    course supports (``course.gpu_compile.TARGETS``): ``{"kernels": {name: {"sm_75": result,
+    ...}}}``, a stub's ``{"not_implemented": hint}``, or ``{"unavailable": why}``. Runs in
+    a sandboxed call with the simulator off (``Submission.compiling()``)."""
     import importlib
 
     from course import gpu_compile
@@ -96,15 +96,14 @@ def compile_kernels(module_name: str, signatures: dict) -> dict:
         except NotImplementedError as exc:
             kernels[name] = {"not_implemented": str(exc)}
             continue
-        kernels[name] = {f"sm_{cc[0]}{cc[1]}": gpu_compile.compile_kernel(kernel, signature, cc)
-                         for cc in gpu_compile.TARGETS}
+        kernels[name] = gpu_compile.compile_for_targets(kernel, signature)
     return {"kernels": kernels}
 
 
 def compile_cupy_kernels(module_name: str, builder: str) -> dict:
     """Compile the CuPy kernels that ``module.builder()`` makes, with NVRTC, for every
-    real target and for float and double (``course.gpu_compile``):
-    ``{"kernels": {name: {"sm_90 float": result, ...}}}``, or a stub's
+    architecture the course supports and for float and double (``course.gpu_compile``):
+    ``{"kernels": {name: {"sm_75 float": result, ...}}}``, or a stub's
     ``{"not_implemented": hint}``. Needs neither a GPU nor CuPy."""
     import importlib
 
@@ -123,8 +122,8 @@ def compile_cupy_kernels(module_name: str, builder: str) -> dict:
         results = {}
         for placeholder in ("float", "double"):
             source = kernel["code"] if kernel["kind"] == "raw" else gpu_compile.elementwise_source(kernel, placeholder)
-            for cc in gpu_compile.TARGETS:
-                results[f"sm_{cc[0]}{cc[1]} {placeholder}"] = gpu_compile.compile_cuda_c(source, cc)
+            for target, outcome in gpu_compile.compile_cuda_c_for_targets(source).items():
+                results[f"{target} {placeholder}"] = outcome
             if kernel["kind"] == "raw":
                 break
         kernels[kernel["name"]] = results
@@ -179,10 +178,16 @@ def compile_failure(compiled: dict, name: str, note: str = SIMULATOR_NOTE) -> st
     return ""
 
 
+PTXAS_METRICS = "ptxas"  # the metrics key of a compile check: {kernel: {"sm_75": {registers, ...}, ...}}
+RESOURCES = ("registers", "shared_bytes", "spill_bytes")
+
+
 def expect_compiled(compiled: dict, name: str, metrics: dict | None = None, note: str = SIMULATOR_NOTE) -> None:
     """Assert kernel ``name`` compiled for every target; ptxas's registers, shared
-    memory and spills per target go into ``metrics``. Skips, with the reason,
-    where this machine cannot compile."""
+    memory and spills per architecture go into ``metrics["ptxas"]`` as one row per
+    kernel (``{name: {"sm_75": {...}, ...}}``; a CuPy kernel's ``"sm_75 float"`` targets
+    make rows ``"name float"`` and ``"name double"``), which the reports show as a
+    table. Skips, with the reason, where this machine cannot compile."""
     import pytest
 
     from autograder.grading.submission import not_implemented_yet
@@ -198,8 +203,10 @@ def expect_compiled(compiled: dict, name: str, metrics: dict | None = None, note
     if failure:
         raise AssertionError(failure)
     if metrics is not None:
+        rows = metrics.setdefault(PTXAS_METRICS, {})
         for target, outcome in result.items():
-            metrics[target] = {k: outcome[k] for k in ("registers", "shared_bytes", "spill_bytes")}
+            arch, _, variant = target.partition(" ")
+            rows.setdefault(f"{name} {variant}".strip(), {})[arch] = {k: outcome[k] for k in RESOURCES}
     return None
 
 

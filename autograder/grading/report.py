@@ -12,6 +12,7 @@ import textwrap
 import xml.etree.ElementTree as ET
 
 from autograder.grading import report_ci
+from autograder.grading.checking import PTXAS_METRICS, RESOURCES
 from autograder.grading.flags import described
 from autograder.grading.runner import LabResult, LabStatus
 
@@ -23,14 +24,46 @@ def _pts(x: float) -> str:
 
 
 def _metrics(metrics: dict) -> str:
-    """``sm_80: registers 18, shared_bytes 0; sm_90: ...`` for nested dicts, ``k v, ...`` for flat ones.
-    A GPU-tier device ``record`` is left to the JSON report (its ``device`` line says it in short)."""
+    """``k v, ...`` of what a check measured, without the compile table (``compile_rows``),
+    which the reports show on its own; ``k: a 1, b 2; ...`` for nested dicts. A GPU-tier
+    device ``record`` is left to the JSON report (its ``device`` line says it in short)."""
     def flat(d):
         return ", ".join(f"{k} {v}" for k, v in d.items())
-    metrics = {k: v for k, v in metrics.items() if k != "record"}
-    if metrics and all(isinstance(v, dict) for v in metrics.values()):
-        return "; ".join(f"{k}: {flat(v)}" for k, v in metrics.items())
-    return flat(metrics)
+    shown = {k: v for k, v in metrics.items() if k not in (PTXAS_METRICS, "record")}
+    if shown and all(isinstance(v, dict) for v in shown.values()):
+        return "; ".join(f"{k}: {flat(v)}" for k, v in shown.items())
+    return flat(shown)
+
+
+def compile_rows(r: LabResult) -> dict:
+    """``{kernel: {"sm_75": {"registers", "shared_bytes", "spill_bytes"}, ...}}``: what ptxas
+    said of every kernel the lab's compile checks built (``checking.expect_compiled``)."""
+    rows = {}
+    for c in r.checks:
+        for kernel, by_arch in c.metrics.get(PTXAS_METRICS, {}).items():
+            rows.setdefault(kernel, {}).update(by_arch)
+    return rows
+
+
+def _resources(found: dict) -> str:
+    return "/".join(str(found.get(k, "?")) for k in RESOURCES)
+
+
+def compile_table(rows: dict, indent: str = "  ") -> list[str]:
+    """The compile table as text, one line per kernel, the architectures as columns:
+    each cell registers per thread / shared bytes per block / bytes spilled."""
+    if not rows:
+        return []
+    archs = sorted({a for by_arch in rows.values() for a in by_arch}, key=lambda a: int(a.removeprefix("sm_")))
+    width = max(len(k) for k in rows)
+    cell = max([len(a) for a in archs] + [len(_resources(f)) for by_arch in rows.values() for f in by_arch.values()])
+    lines = [f"{indent}Compiled for each GPU architecture (ptxas): registers per thread / shared memory per block "
+             "(bytes) / spills (bytes)",
+             indent + "  " + f"{'kernel':<{width}}  " + " ".join(f"{a:<{cell}}" for a in archs).rstrip()]
+    for kernel, by_arch in rows.items():
+        cells = " ".join(f"{_resources(by_arch[a]) if a in by_arch else '-':<{cell}}" for a in archs)
+        lines.append(indent + "  " + f"{kernel:<{width}}  " + cells.rstrip())
+    return lines
 
 
 def _isolation(r: LabResult) -> str:
@@ -93,7 +126,7 @@ def text(results: list[LabResult]) -> str:
         for c in r.checks:
             pts = "-" if c.status == "skipped" else f"{_pts(c.points)}/{_pts(c.max_points)}"
             lines.append(f"  {pts:>7}  {c.status:<8} {c.title}")
-            if c.metrics and not c.feedback:  # what a passing check measured (ptxas's registers, ratios)
+            if _metrics(c.metrics) and not c.feedback:  # what a passing check measured (ratios; ptxas's: below)
                 lines.extend(" " * 19 + w for w in textwrap.wrap("measured: " + _metrics(c.metrics), 96,
                                                                   subsequent_indent="    "))
             if c.feedback:
@@ -101,6 +134,7 @@ def text(results: list[LabResult]) -> str:
                     wrapped = textwrap.wrap(para, 96, initial_indent="→ " if para == c.feedback.splitlines()[0] else "  ",
                                             subsequent_indent="    ") or [""]
                     lines.extend(" " * 19 + w for w in wrapped)
+        lines.extend(compile_table(compile_rows(r)))
         lines.append(f"  Score: {_pts(r.score)}/{_pts(r.max_score)}   ({r.duration_s:.1f} s)")
         if r.seed is not None:
             lines.append(f"  graded inputs drawn from seed {r.seed} (K2C_GRADING_SEED={r.seed} draws them again)")
@@ -126,6 +160,8 @@ def _lab_json(r: LabResult) -> dict:
         "isolation": r.isolation, "graded_on": r.graded_on, "checks_sha256": r.checks_digest,
         **({"seed": str(r.seed)} if r.seed is not None else {}),
         "flags": [f.as_dict() for f in r.flags],
+        # ptxas's registers, shared memory and spills per kernel and architecture (the compile checks')
+        **({"compiled": compile_rows(r)} if compile_rows(r) else {}),
         "tests": [{"name": c.name, "title": c.title, "points": c.points, "max_points": c.max_points,
                    "status": c.status, "feedback": c.feedback, "duration_s": round(c.duration_s, 3),
                    **({"metrics": c.metrics} if c.metrics else {})}
@@ -179,8 +215,10 @@ def gradescope(results: list[LabResult]) -> str:
     for position, r in enumerate(results, 1):
         for i, c in enumerate(r.checks, 1):
             output = f"[{c.status}] {c.feedback}".strip()
-            if c.metrics:
+            if _metrics(c.metrics):
                 output += "\nmeasured: " + _metrics(c.metrics)
+            if c.metrics.get(PTXAS_METRICS):
+                output += "\n" + "\n".join(compile_table(c.metrics[PTXAS_METRICS], indent=""))
             name = f"{r.lab}: {c.title}" if len(results) > 1 else c.title
             test = {"name": name, "number": f"{_lab_number(r, position)}.{i}", "output": output,
                     "tags": [r.lab, c.status], "visibility": "visible"}

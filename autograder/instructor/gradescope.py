@@ -205,7 +205,7 @@ fi
 
 # Fail the image build, not the first student's submission, when something is
 # missing: the stack this lab's checks run must run here (the sandbox with one call
-# through it, 2 MPI ranks, 2 gloo processes, a compile for sm_90: what the lab needs),
+# through it, 2 MPI ranks, 2 gloo processes, a compile for every GPU target: what the lab needs),
 # and an empty submission must grade (to zero) with every check collected.
 if ! "$venv/bin/k2c" selftest @SLUG@; then
   echo "setup.sh: this image cannot grade lab @SLUG@: see the ✗ lines above" >&2

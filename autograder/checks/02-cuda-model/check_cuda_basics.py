@@ -43,7 +43,7 @@ def _require_compiles(submission, kernel):
 @pytest.mark.points(1)
 @pytest.mark.parametrize("kernel", SIGNATURES)
 def check_compiles_for_a_gpu(submission, kernel, metrics):
-    """compiles for sm_80 and sm_90 with numba's CUDA compiler (registers and shared memory from ptxas)"""
+    """compiles with numba's CUDA compiler for every GPU the course supports, sm_75 to sm_120 (registers, shared memory and spills from ptxas)"""
     expect_compiled(compiled_kernels(submission, "cuda_basics", SIGNATURES, kernel), kernel, metrics)
     # A kernel that does nothing compiles too: the points need it to compute something right as well
     # (its own checks say how well).

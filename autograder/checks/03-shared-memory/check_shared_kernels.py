@@ -78,7 +78,7 @@ WORKS_IN = {"block_sum_kernel": "reduce, grid smaller than data", "scan_block_ke
 @pytest.mark.points(1)
 @pytest.mark.parametrize("kernel", SIGNATURES)
 def check_compiles_for_a_gpu(submission, kernel, metrics):
-    """compiles for sm_80 and sm_90 with numba's CUDA compiler (registers and shared memory from ptxas), credited once it computes its result"""
+    """compiles with numba's CUDA compiler for every GPU the course supports, sm_75 to sm_120 (registers, shared memory and spills from ptxas), credited once it computes its result"""
     expect_compiled(compiled_kernels(submission, "shared_kernels", SIGNATURES, kernel), kernel, metrics)
     _credited(submission, WORKS_IN[kernel], f"compiling {kernel}")
 
