@@ -59,7 +59,7 @@ def _grade(args) -> int:
     if args.dry_run_gpu and tier != "cpu":
         raise UsageError("--dry-run-gpu runs the GPU tier's checks on stand-ins on the CPU tier: this run is GPU "
                          "tier, which runs them for real (use --tier cpu for a dry run)")
-    ready_to_grade(labs)  # before any check: no score from a machine that cannot grade
+    ready_to_grade(labs, tier)  # before any check: no score from a machine that cannot grade
     root = Path(args.submission) if args.submission else _default_submission()
     results = []
     for lab in labs:
@@ -128,7 +128,7 @@ def cmd_grade_class(args) -> int:
     site = _slurm_site(args)  # with --slurm the tier is the job's, not this machine's
     tier = site[0] if site else resolve_tier(args.tier)
     if not args.slurm:  # with --slurm no student code runs here: each task checks its node (gradebook_slurm)
-        _require_isolation(lab, args.allow_weak_isolation)
+        _require_isolation(lab, args.allow_weak_isolation, tier)
     output = Path(args.output or f"gradebook-{lab.slug}.csv")
     settings = Settings(lab.slug, tier, args.timeout, args.k, args.limit)
     jobs = args.jobs if args.jobs else (None if args.slurm else default_jobs(lab))
@@ -166,14 +166,14 @@ def _slurm_site(args):
     return tier, site, origin
 
 
-def _require_isolation(lab, allow_weak: bool) -> None:
+def _require_isolation(lab, allow_weak: bool, tier: str = "cpu") -> None:
     """A class is graded where this machine can grade at all (the readiness proof), and
     where student code cannot read the other students' files, or the solutions: under
     bubblewrap. The subreaper layer hides no file (autograder.sandbox.isolation)."""
     from autograder.grading.labs import UsageError
     from autograder.grading.runner import ready_to_grade
 
-    layer = ready_to_grade([lab])  # exit 2, with the cause and the remedy, before any row
+    layer = ready_to_grade([lab], tier)  # exit 2, with the cause and the remedy, before any row
     if layer.hides_files:
         return
     if not allow_weak:

@@ -116,3 +116,36 @@ def describe_gpu() -> str:
         return f"GPU tier: {name} (compute capability {dev.compute_capability[0]}.{dev.compute_capability[1]})"
     except Exception as exc:  # driver present but numba cannot use it
         return f"GPU tier: a CUDA device is present, but numba.cuda failed: {exc}"
+
+
+_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 75, 76
+
+
+def device_identity(driver=None) -> dict | None:
+    """The first CUDA device as the driver names it, without any library of the course:
+    ``{"name": "Tesla T4", "cc": (7, 5), "driver": "13.0"}``, or None with no usable
+    driver or device. ``driver``: a loaded ``libcuda`` (tests pass a stand-in)."""
+    if driver is None:
+        for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+            try:
+                driver = ctypes.CDLL(name)
+                break
+            except OSError:
+                continue
+        else:
+            return None
+    try:
+        device, major, minor, version = ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(0)
+        name = ctypes.create_string_buffer(256)
+        if (driver.cuInit(0) != 0 or driver.cuDeviceGet(ctypes.byref(device), 0) != 0
+                or driver.cuDeviceGetName(name, 256, device) != 0
+                or driver.cuDeviceGetAttribute(ctypes.byref(major), _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                                               device) != 0
+                or driver.cuDeviceGetAttribute(ctypes.byref(minor), _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                                               device) != 0):
+            return None
+        driver_version = (f"{version.value // 1000}.{version.value % 1000 // 10}"
+                          if driver.cuDriverGetVersion(ctypes.byref(version)) == 0 else "?")
+    except AttributeError:
+        return None
+    return {"name": name.value.decode(errors="replace"), "cc": (major.value, minor.value), "driver": driver_version}

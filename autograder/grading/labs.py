@@ -37,6 +37,10 @@ class Lab:
     # Programs its checks run, as (command, Debian package) pairs (lab.toml's ``system``,
     # "g++ = g++"): ``k2c gradescope``'s setup.sh installs those missing.
     system: tuple[tuple[str, str], ...] = ()
+    # What its GPU-tier checks run on the device, of "numba", "cupy" and "torch" (lab.toml's
+    # ``device_stacks``): the GPU tier's preflight runs one tiny kernel through each before
+    # any check (autograder.grading.preflight). Empty: nothing of the lab runs on a GPU.
+    device_stacks: tuple[str, ...] = ()
 
     @property
     def number(self) -> str:
@@ -63,7 +67,8 @@ def all_labs() -> list[Lab]:
                         tuple(data.get("refuse", ())), data.get("refuse_why", ""),
                         tuple(data.get("uses", ())),
                         tuple(data["requires"]) if "requires" in data else None,
-                        tuple(data.get("hidden", ())), tuple(data.get("system", {}).items())))
+                        tuple(data.get("hidden", ())), tuple(data.get("system", {}).items()),
+                        tuple(data.get("device_stacks", ()))))
     return labs
 
 

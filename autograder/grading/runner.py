@@ -163,16 +163,22 @@ IMPORTS = {"numba": ("numba",), "numba-cuda": ("numba.cuda",), "cuda-bindings": 
            "mpi4py": ("mpi4py.MPI",)}
 
 
-def ready_to_grade(labs: list[Lab]) -> isolation.Isolation:
+def ready_to_grade(labs: list[Lab], tier: str = "cpu") -> isolation.Isolation:
     """The isolation layer that grades ``labs`` here, once proven able to: raises
     ``IncompleteEnvironment`` (exit 2) with the cause and the remedy when this machine
     lacks a package the labs need, or when student code could not import what they need
-    (``proven_layer``): no score from a machine that cannot grade."""
+    (``proven_layer``), or on the GPU tier when a stack the labs run on the device cannot
+    run one tiny kernel on this card (``preflight``): no score from a machine that cannot grade."""
     for lab in labs:
         lacking = missing_stack(lab)
         if lacking:
             raise IncompleteEnvironment(f"this machine cannot grade lab {lab.slug}: {lacking}")
-    return proven_layer(labs)
+    layer = proven_layer(labs)
+    if tier == "gpu":
+        from autograder.grading import preflight
+
+        preflight.preflight(labs, layer)
+    return layer
 
 
 def proven_layer(labs: list[Lab]) -> isolation.Isolation:
@@ -329,7 +335,7 @@ def list_checks(lab: Lab, select: str | None = None) -> list[CheckInfo]:
 
 def _grade_folder(lab, folder, graded, missing, tier, timeout_s, select, on_result, start,
                   sandbox_for=None, dry_run_gpu=False) -> LabResult:
-    layer = ready_to_grade([lab])
+    layer = ready_to_grade([lab], tier)
     limits = Limits(timeout_s=timeout_s or lab.timeout_s, memory_mb=lab.memory_mb,
                     address_space=(tier == "cpu"), devices=(tier == "gpu"))
     submission = Submission(graded, lab.checks_dir / "harness.py", tier, limits, child_environment(tier, lab),
