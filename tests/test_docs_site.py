@@ -53,6 +53,7 @@ STATIC_PAGES = {
     "student-guide.html": "Student guide",
     "instructor-guide.html": "Instructor guide",
     "k2c.html": "k2c command reference",
+    "gpus.html": "The GPUs students have",
     "gpu-tier.html": "GPU tier: recorded results",
 }
 
