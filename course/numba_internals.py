@@ -110,6 +110,10 @@ INTERNALS: tuple[Internal, ...] = (
              "a shared array's numba type as a NumPy dtype", "that it still exists there"),
     Internal("autograder/checks/03-shared-memory/harness.py", f"{_SIM}.kernel.FakeCUDAKernel.__call__", "replaces",
              "records the launches a host function makes", _SIM_LAUNCH, ("_device",)),
+    Internal("course.gpu_stand_in", f"{_SIM}.cudadrv.devicearray.FakeCUDAArray", "relies on",
+             "the GPU tier's dry run wraps a host array as the simulator's device array, for the "
+             "numba.cuda.as_cuda_array it adds to the simulator (which lacks one)",
+             "that FakeCUDAArray still wraps a NumPy array, and whether the simulator now has as_cuda_array"),
     # -- CuPy's kernels without CuPy (course.gpu_compile) ---------------------------------
     Internal("course.gpu_compile.capture_cupy_kernels", "cupy.ElementwiseKernel", "relies on",
              "its public constructor (in_params, out_params, operation, name, preamble), recorded by a "

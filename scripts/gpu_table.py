@@ -2,12 +2,19 @@
 
 The report of a GPU-tier run, or of a dry run (`--dry-run-gpu`: the GPU checks on stand-in
 devices on the CPU tier), which the table says in its first line. The device record of the
-performance checks (course.gpu_timing) goes above the table, once per device.
+performance checks (course.gpu_timing) goes above the table, once per device; the compile
+checks' registers, shared memory and spills per kernel and architecture go below it
+(autograder.gpu_matrix).
 """
 import json
 import platform
 import sys
 from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from autograder import gpu_matrix  # noqa: E402
 
 # Metrics that are not numbers of one check: the record and its one-line summary go above
 # the table, the long description of how each time was measured stays in the JSON.
@@ -47,6 +54,9 @@ def main(path: str) -> None:
             print(f"| {lab['lab']} | {t['title']} | {_status(t)} | {t['points']:g}/{t['max_points']:g} | {measured} |")
     for lab in labs:
         print(f"\n{lab['lab']}: {lab['score']:g}/{lab['max_score']:g} in {lab['duration_s']:.1f} s")
+    if gpu_matrix.compile_rows(report):
+        print("\nCompiled for each architecture (registers / shared bytes / spilled bytes, from ptxas):\n")
+        print(gpu_matrix.compile_matrix(report), end="")
 
 
 if __name__ == "__main__":
