@@ -265,7 +265,7 @@ def node_refusal(lab_slug: str, allow_weak_isolation: bool, tier: str = "cpu") -
         if missing:
             return f"the GPU tier cannot run here: {missing}"
     try:
-        layer = ready_to_grade([find_lab(lab_slug)])
+        layer = ready_to_grade([find_lab(lab_slug)], tier)
     except UsageError as exc:
         return f"node {node()} cannot grade: {exc}"
     if layer.hides_files or allow_weak_isolation:
