@@ -335,9 +335,25 @@ def compile_for_targets(kernel, signature: str, targets=None) -> dict:
         if isinstance(found, Exception):
             results[cc] = failed(found, started[cc])
         else:
-            results[cc] = {"ok": True, **found, "ptx_bytes": len(ptxes[cc]),
+            results[cc] = {"ok": True, **found, "ptx_bytes": len(ptxes[cc]), "work": ptx_work(ptxes[cc]),
                            "seconds": round(time.monotonic() - started[cc], 3)}
     return {sm(cc): results[cc] for cc in targets}
+
+
+_WORK = {  # PTX instructions by what they do (``ptx_work``)
+    # global or generic (numba addresses arrays generically): any store but to shared, local or parameter space
+    "global_stores": re.compile(r"^\s*(?:@!?%?\w+\s+)?st\.(?!shared|local|param)", re.M),
+    "shared_accesses": re.compile(r"^\s*(?:@!?%?\w+\s+)?(?:ld|st)\.shared\b", re.M),
+    "barriers": re.compile(r"^\s*(?:@!?%?\w+\s+)?(?:bar|barrier)\.(?:sync|red|arrive)\b", re.M),
+    "atomics": re.compile(r"^\s*(?:@!?%?\w+\s+)?(?:atom|red)\.", re.M),
+}
+
+
+def ptx_work(ptx: str) -> dict:
+    """How many instructions of the compiled kernel store to global memory, touch shared
+    memory, wait at a barrier or update atomically: what a GPU would run, whatever the
+    simulator ran (a kernel whose branches depend on where it runs compiles to less)."""
+    return {what: len(pattern.findall(ptx)) for what, pattern in _WORK.items()}
 
 
 def warm_up() -> None:

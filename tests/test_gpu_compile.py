@@ -191,3 +191,13 @@ def test_an_elementwise_kernel_runs_on_the_host_from_its_generated_loop(tmp_path
                                                    [x, np.array([2.0, 4.0, 6.0]), np.float32(3)])
         assert y.dtype == gpu_compile.HOST_DTYPES[placeholder]  # T is the placeholder; bias broadcast along rows
         np.testing.assert_array_equal(y, 3 * x + np.array([1.0, 2.0, 3.0]))
+
+
+def test_ptx_work_counts_what_the_compiled_kernel_does():
+    """Stores (global or generic), shared-memory accesses, barriers and atomics, as PTX spells them."""
+    from course.gpu_compile import ptx_work
+
+    ptx = ("\tld.param.u64 \t%rd1, [p];\n\tst.u32 \t[%rd15], %r6;\n\t@%p1 st.global.f32 \t[%rd2], %f1;\n"
+           "\tst.shared.f32 \t[%r1], %f2;\n\tld.shared.f32 \t%f3, [%r2];\n\tbar.sync \t0;\n"
+           "\tatom.global.add.u32 \t%r3, [%rd4], 1;\n\tst.param.b32 \t[retval], %r1;\n\tst.local.u32 \t[%rd9], %r2;\n")
+    assert ptx_work(ptx) == {"global_stores": 2, "shared_accesses": 2, "barriers": 1, "atomics": 1}

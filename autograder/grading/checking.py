@@ -144,9 +144,11 @@ def compiled_kernels(submission, module_name: str, signatures: dict, kernel: str
         "autograder.grading.checking.compile_kernels", module_name, {kernel: signatures[kernel]}))
 
 
-def require_compiles(submission, module_name: str, signatures: dict, kernel: str) -> None:
-    """A kernel no GPU would compile loses the points of every check that launches it."""
-    failure = compile_failure(compiled_kernels(submission, module_name, signatures, kernel), kernel)
+def require_compiles(submission, module_name: str, signatures: dict, kernel: str, shows: tuple = ()) -> None:
+    """A kernel no GPU would compile, or whose compiled form lacks the work ``shows`` names
+    (``expect_compiled``), loses the points of every check that launches it."""
+    compiled = compiled_kernels(submission, module_name, signatures, kernel)
+    failure = compile_failure(compiled, kernel) or missing_work(compiled, kernel, shows)
     assert not failure, failure
 
 
@@ -182,12 +184,32 @@ PTXAS_METRICS = "ptxas"  # the metrics key of a compile check: {kernel: {"sm_75"
 RESOURCES = ("registers", "shared_bytes", "spill_bytes")
 
 
-def expect_compiled(compiled: dict, name: str, metrics: dict | None = None, note: str = SIMULATOR_NOTE) -> None:
+WORK_NAMES = {"global_stores": "stores to global memory", "shared_accesses": "shared-memory loads or stores",
+              "barriers": "barriers (syncthreads)", "atomics": "atomic updates"}
+
+
+def missing_work(compiled: dict, name: str, shows: tuple) -> str:
+    """What of ``shows`` kernel ``name``'s compiled form lacks on some target ("" when none)."""
+    for target, outcome in compiled.get("kernels", {}).get(name, {}).items():
+        work = outcome.get("work", {}) if isinstance(outcome, dict) else {}
+        missing = [WORK_NAMES[what] for what in shows if work and not work.get(what)]
+        if missing:
+            return (f"{name} compiled for {target} has no {' and no '.join(missing)}: the kernel a GPU would run "
+                    "does not do the work the simulator saw (does a branch depend on where it runs, or on a value "
+                    "the compiler could prove constant?)")
+    return ""
+
+
+def expect_compiled(compiled: dict, name: str, metrics: dict | None = None, note: str = SIMULATOR_NOTE,
+                    shows: tuple = ()) -> None:
     """Assert kernel ``name`` compiled for every target; ptxas's registers, shared
     memory and spills per architecture go into ``metrics["ptxas"]`` as one row per
     kernel (``{name: {"sm_75": {...}, ...}}``; a CuPy kernel's ``"sm_75 float"`` targets
     make rows ``"name float"`` and ``"name double"``), which the reports show as a
-    table. Skips, with the reason, where this machine cannot compile."""
+    table. ``shows``: the work the compiled kernel must show on every target
+    (``course.gpu_compile.ptx_work``: "global_stores", "shared_accesses", "barriers",
+    "atomics"), so that the kernel graded in the simulator is the one a GPU runs.
+    Skips, with the reason, where this machine cannot compile."""
     import pytest
 
     from autograder.grading.submission import not_implemented_yet
@@ -200,6 +222,9 @@ def expect_compiled(compiled: dict, name: str, metrics: dict | None = None, note
     if "not_implemented" in result:
         raise not_implemented_yet(result["not_implemented"])
     failure = compile_failure(compiled, name, note)
+    if failure:
+        raise AssertionError(failure)
+    failure = missing_work(compiled, name, shows)
     if failure:
         raise AssertionError(failure)
     if metrics is not None:

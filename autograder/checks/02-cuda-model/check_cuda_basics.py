@@ -37,14 +37,16 @@ def _device_floats(seed):
 
 
 def _require_compiles(submission, kernel):
-    require_compiles(submission, "cuda_basics", SIGNATURES, kernel)
+    # Compiled for a GPU, each kernel must store its output: the kernel a GPU runs is the one graded.
+    require_compiles(submission, "cuda_basics", SIGNATURES, kernel, shows=("global_stores",))
 
 
 @pytest.mark.points(1)
 @pytest.mark.parametrize("kernel", SIGNATURES)
 def check_compiles_for_a_gpu(submission, kernel, metrics):
     """compiles with numba's CUDA compiler for every GPU the course supports, sm_75 to sm_120 (registers, shared memory and spills from ptxas)"""
-    expect_compiled(compiled_kernels(submission, "cuda_basics", SIGNATURES, kernel), kernel, metrics)
+    expect_compiled(compiled_kernels(submission, "cuda_basics", SIGNATURES, kernel), kernel, metrics,
+                    shows=("global_stores",))
     # A kernel that does nothing compiles too: the points need it to compute something right as well
     # (its own checks say how well).
     with_the_work(f"compiling {kernel}", lambda: _computes_something(submission, kernel))
