@@ -68,7 +68,7 @@ def _grade(args) -> int:
         sys.stderr.flush()
         try:
             result = grade(lab, root, tier, timeout_s=args.timeout, select=args.k, on_result=_progress,
-                           dry_run_gpu=args.dry_run_gpu)
+                           dry_run_gpu=args.dry_run_gpu, budget_s=args.budget)
         except NoCheckSelected:
             if len(labs) == 1:
                 sys.stderr.write("\n")
@@ -130,7 +130,7 @@ def cmd_grade_class(args) -> int:
     if not args.slurm:  # with --slurm no student code runs here: each task checks its node (gradebook_slurm)
         _require_isolation(lab, args.allow_weak_isolation, tier)
     output = Path(args.output or f"gradebook-{lab.slug}.csv")
-    settings = Settings(lab.slug, tier, args.timeout, args.k, args.limit)
+    settings = Settings(lab.slug, tier, args.timeout, args.k, args.limit, args.budget)
     jobs = args.jobs if args.jobs else (None if args.slurm else default_jobs(lab))
     run_array = None
     if site:
@@ -300,6 +300,8 @@ def _slurm_options(command: argparse.ArgumentParser, unit: str) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
+    from autograder.grading.submission import BUDGET_CALL_LIMITS
+
     p = argparse.ArgumentParser(prog="k2c", description="Kernels to Clusters: grade labs, generate starters, check the machine.")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -315,6 +317,9 @@ def parser() -> argparse.ArgumentParser:
                    help="also add a Markdown summary to FILE (in GitHub Actions: \"$GITHUB_STEP_SUMMARY\")")
     g.add_argument("-o", "--output", metavar="FILE", help="write the report here (the text table still goes to stdout)")
     g.add_argument("--timeout", type=float, metavar="SECONDS", help="limit for each call into the submission")
+    g.add_argument("--budget", type=float, metavar="SECONDS",
+                   help="limit for all the calls of one lab's grading together; past it the checks left are "
+                        f"reported as not run (default: {BUDGET_CALL_LIMITS} call limits)")
     g.add_argument("--require-full", action="store_true", help="exit 1 when the score is below the maximum")
     g.add_argument("-k", metavar="EXPR", help="only the checks whose names match (pytest -k syntax)")
     g.add_argument("--list", action="store_true", help="list the checks (name, points, title; --format json too) and grade nothing")
@@ -344,6 +349,9 @@ def parser() -> argparse.ArgumentParser:
                         "user may read, classmates' submissions included (the gradebook records the layer)")
     c.add_argument("--tier", choices=("auto", "cpu", "gpu"), default="auto")
     c.add_argument("--timeout", type=float, metavar="SECONDS", help="limit for each call into a submission")
+    c.add_argument("--budget", type=float, metavar="SECONDS",
+                   help="limit for all the calls of one submission's grading together; past it its checks left "
+                        f"are reported as not run (default: {BUDGET_CALL_LIMITS} call limits)")
     c.add_argument("--limit", type=float, default=3600.0, metavar="SECONDS",
                    help="limit for one submission's whole grading (default 3600)")
     c.add_argument("-k", metavar="EXPR", help="only the checks whose names match (pytest -k syntax)")

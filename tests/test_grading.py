@@ -1,6 +1,8 @@
 """The grader end to end: the k2c command line, and whole labs graded with their fixtures (conftest)."""
 import json
 import os
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -256,3 +258,69 @@ def test_a_report_to_a_device_or_pipe_is_written_into_it_not_over_it(tmp_path):
     assert got == ['{"score": 1}'] and stat.S_ISFIFO(fifo.stat().st_mode)
     write_results(str(tmp_path / "sub" / "report.json"), "{}")  # a plain file: created whole
     assert (tmp_path / "sub" / "report.json").read_text() == "{}"
+
+
+HANGING_LAB = {  # a lab of its own (autograder/checks/99-hanging), with no library to preload
+    "lab.toml": 'title = "Hanging"\nfiles = ["slow.py"]\nrequires = []\n',
+    "harness.py": "def run(name):\n    import slow\n    return getattr(slow, name)()\n",
+    "check_hanging.py": (
+        "import pytest\n\n"
+        "@pytest.mark.parametrize('case', [1, 2, 3])\n"
+        "def check_never(submission, case):\n    submission.call('slow.never')\n\n"
+        "def check_never_through_the_harness(submission):\n    submission.harness('run', 'never_either')\n\n"
+        "def check_never_through_the_harness_again(submission):\n    submission.harness('run', 'never_either')\n\n"
+        "def check_quick_through_the_harness(submission):\n    assert submission.harness('run', 'quick') == 1\n\n"
+        "def check_quick(submission):\n    assert submission.call('slow.quick') == 1\n"),
+}
+HANGING_SUBMISSION = ("import time\n\ndef never():\n    time.sleep(10**6)\n\n"
+                      "def never_either():\n    time.sleep(10**6)\n\ndef quick():\n    return 1\n")
+
+
+def _grade_hanging_lab(tmp_path, *args):
+    """Grade HANGING_SUBMISSION on HANGING_LAB as `k2c grade 99 --format json ARGS` would:
+    (the report, the grading's wall seconds)."""
+    import time
+
+    (tmp_path / "checks" / "99-hanging").mkdir(parents=True)
+    for name, text in HANGING_LAB.items():
+        (tmp_path / "checks" / "99-hanging" / name).write_text(text)
+    (tmp_path / "submission").mkdir()
+    (tmp_path / "submission" / "slow.py").write_text(HANGING_SUBMISSION)
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; from pathlib import Path; from autograder.grading import labs; "
+         "labs.CHECKS_ROOT = Path(sys.argv[1]); from autograder.cli import main; sys.exit(main(sys.argv[2:]))",
+         tmp_path / "checks", "grade", "99", "--submission", tmp_path / "submission", "--format", "json", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), time.monotonic() - started
+
+
+def test_a_function_that_ran_out_of_time_is_not_called_again_in_the_grading(tmp_path):
+    """A hanging submission costs one call limit per function, not one per check: after slow.never
+    hung once, its later checks fail at once saying why; the harness's run('never_either') too,
+    and neither stops the functions that return."""
+    report, wall = _grade_hanging_lab(tmp_path, "--timeout", "2")
+    by_name = {t["name"]: t for t in report["tests"]}
+    first, *later = (by_name[f"never[{case}]"] for case in (1, 2, 3))
+    assert first["status"] == "timeout" and "did not finish within 2 s" in first["feedback"]
+    for check in later + [by_name["never_through_the_harness_again"]]:
+        assert check["status"] == "timeout" and check["duration_s"] < 1, check
+        assert check["feedback"].startswith("not run: ") and "did not finish within 2 s in an earlier call" \
+            in check["feedback"] and "does not call it again" in check["feedback"], check["feedback"]
+    assert "slow.never did" in later[0]["feedback"]
+    assert "harness run('never_either'), which runs your code," in by_name["never_through_the_harness_again"]["feedback"]
+    assert by_name["quick"]["status"] == by_name["quick_through_the_harness"]["status"] == "passed"
+    assert 4 <= report["student_s"] < 4 + 2  # two limits, and the quick calls
+    assert wall < 30, f"{wall:.0f} s"  # was 4 limits and 4 new sandboxes more
+
+
+def test_past_the_gradings_budget_the_checks_left_are_not_run_and_say_why(tmp_path):
+    report, _ = _grade_hanging_lab(tmp_path, "--timeout", "2", "--budget", "3")
+    statuses = {t["name"]: t["status"] for t in report["tests"]}
+    assert statuses["never[1]"] == statuses["never_through_the_harness"] == "timeout"
+    for name in ("quick_through_the_harness", "quick"):  # after 4 s in the student's code
+        check = next(t for t in report["tests"] if t["name"] == name)
+        assert check["status"] == "timeout" and check["feedback"].startswith(
+            "not run: this grading has spent its budget of 3 s in your code"), check
+    assert report["score"] == 0

@@ -17,6 +17,7 @@ def ok(x):
     return {"doubled": np.asarray(x) * 2, "pair": (1, "a")}
 
 def loops_forever():
+    os.listdir("/")  # outside its own folder: a flag for the instructor
     while True:
         pass
 
@@ -94,6 +95,8 @@ def test_infinite_loop_is_stopped_at_the_timeout(hostile):
     out = hostile("loops_forever", limits=Limits(timeout_s=2))
     assert out.status == "timeout" and "within 2 s" in out.message
     assert time.monotonic() - start < 10
+    # What it did before it was stopped still reaches the instructor (the flags come as it runs).
+    assert ("files", "listed /") in out.flags, out.flags
 
 
 def test_os_exit_is_reported_not_trusted(hostile):

@@ -18,7 +18,7 @@ from autograder.grading.labs import Found, Lab, Unreadable, UsageError, locate, 
 from autograder.grading import flags, seeds
 from autograder.grading.plugin import CheckResult, GradingPlugin, check_title, register_marks
 from autograder.sandbox import Limits
-from autograder.grading.submission import Submission
+from autograder.grading.submission import BUDGET_CALL_LIMITS, Submission
 from course import refuse
 from course.tier import current_tier
 
@@ -227,10 +227,13 @@ def child_environment(tier: str, lab: Lab | None = None) -> dict[str, str]:
 
 
 def grade(lab: Lab, submission_root: Path, tier: str, timeout_s: float | None = None,
-          select: str | None = None, on_result=None, sandbox_for=None, dry_run_gpu: bool = False) -> LabResult:
+          select: str | None = None, on_result=None, sandbox_for=None, dry_run_gpu: bool = False,
+          budget_s: float | None = None) -> LabResult:
     """Grade ``submission_root`` (a folder or a ``.zip``, in any shape ``locate`` knows) on
     ``lab``'s checks (those ``select``, a ``-k`` expression, picks). With none of the lab's
     files in it, no check runs and the result's status is ``missing``.
+    ``timeout_s``: each call's limit (default: the lab's); ``budget_s``: the most this grading
+    spends in the student's code (default: ``grade_budget_s``).
     ``sandbox_for``: see ``Submission``; None gives this grading a sandbox of its own.
     ``dry_run_gpu`` (CPU tier): the GPU tier's checks run at tiny sizes on stand-in devices
     and are reported as skipped, awarding nothing (``GradingPlugin``)."""
@@ -239,13 +242,13 @@ def grade(lab: Lab, submission_root: Path, tier: str, timeout_s: float | None = 
     if dry_run_gpu and tier != "cpu":
         raise UsageError(f"a dry run of the GPU tier runs on the CPU tier, not the {tier.upper()} tier")
     result = _grade_submission(lab, Path(submission_root), tier, timeout_s, select, on_result, sandbox_for,
-                               dry_run_gpu)
+                               dry_run_gpu, budget_s)
     result.graded_on = graded_on(tier)
     return result
 
 
 def _grade_submission(lab, submission_root, tier, timeout_s, select, on_result, sandbox_for,
-                      dry_run_gpu) -> LabResult:
+                      dry_run_gpu, budget_s) -> LabResult:
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="k2c-grade-") as tmp:
         scratch = Path(tmp).resolve()
@@ -269,7 +272,7 @@ def _grade_submission(lab, submission_root, tier, timeout_s, select, on_result, 
             inside = found.folder.relative_to(shown_from).as_posix()
             where = submission_root.resolve() if inside == "." else Path(f"{submission_root.resolve()}!/{inside}")
         return _grade_folder(lab, where, graded, found.missing_message(where), tier, timeout_s, select, on_result,
-                             start, sandbox_for, dry_run_gpu)
+                             start, sandbox_for, dry_run_gpu, budget_s)
 
 
 def _missing(lab: Lab, tier: str, select: str | None, found: Found, shown: Path, start: float) -> LabResult:
@@ -333,13 +336,20 @@ def list_checks(lab: Lab, select: str | None = None) -> list[CheckInfo]:
     return collector.found
 
 
+def grade_budget_s(call_limit_s: float) -> float:
+    """The most one grading spends in the student's code, by default: ``BUDGET_CALL_LIMITS``
+    call limits. A reference spends a fraction of one (its calls take seconds, the limits
+    are generous), so only code that hangs or crawls in call after call reaches it."""
+    return BUDGET_CALL_LIMITS * call_limit_s
+
+
 def _grade_folder(lab, folder, graded, missing, tier, timeout_s, select, on_result, start,
-                  sandbox_for=None, dry_run_gpu=False) -> LabResult:
+                  sandbox_for=None, dry_run_gpu=False, budget_s=None) -> LabResult:
     layer = ready_to_grade([lab], tier)
     limits = Limits(timeout_s=timeout_s or lab.timeout_s, memory_mb=lab.memory_mb,
                     address_space=(tier == "cpu"), devices=(tier == "gpu"))
     submission = Submission(graded, lab.checks_dir / "harness.py", tier, limits, child_environment(tier, lab),
-                            sandbox_for)
+                            sandbox_for, budget_s or grade_budget_s(limits.timeout_s))
     args = _pytest_args(lab, select)
     log = io.StringIO()
     try:

@@ -6,6 +6,13 @@ runs a function of the lab's ``harness.py`` (grader code that must run next to
 the student's code, e.g. to launch their kernel on poisoned buffers) there.
 Either returns plain data, or raises one of the errors below, which the
 grading plugin turns into a status and a message a student can act on.
+
+A grading spends a bounded time in the student's code. Each call has the lab's
+call limit; a function that ran out of time once is not called again in the same
+grading (its later calls fail at once, saying why), so a submission whose functions
+never return costs about one call limit per function, not one per check; and
+past the grading's budget (``budget_s``) no call runs at all: the checks left
+are reported as not run, with the reason.
 """
 from __future__ import annotations
 
@@ -31,6 +38,12 @@ class NotImplementedYet(SubmissionError):
 
 class SubmissionTimeout(SubmissionError):
     status = "timeout"
+
+
+# A grading's default budget for the time in the student's code, in call limits
+# (runner.grade_budget_s). A whole lab's reference spends under half of one limit in all (the
+# most, lab 05: 16 s of calls against its 40 s limit, on a busy 2-core machine; lab 04: 13 s of 90 s).
+BUDGET_CALL_LIMITS = 5
 
 
 def not_implemented_yet(message: str) -> NotImplementedYet:
@@ -76,9 +89,41 @@ def explain(outcome: Outcome) -> str:
     return text
 
 
+def function_of(target: dict, args, kwargs, simulator: bool) -> tuple | None:
+    """Which code of the student's a call runs, as far as the grader can tell, for remembering
+    what hung: the target (a module's function, or a harness function), and the names a
+    grader function is given of the student's code it runs (``harness("races",
+    "parallel_sum", ...)``, ``compile_kernels("cuda_basics", "relu_kernel")``): its string
+    arguments, and tuples or lists of strings. In the simulator or not: a kernel too slow
+    for the simulator may finish on a GPU. None for a rank job: its launcher stops a job
+    that hangs at the job's own timeout and says which cases it left
+    (``autograder.grading.rank_jobs.run_cases``), and its cases are in its inputs."""
+    if target["kind"] == "ranks":
+        return None
+    def named(value):
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (tuple, list)) and value and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        return None
+    names = tuple(n for n in (*map(named, args), *(named(v) for _, v in sorted(kwargs.items()))) if n is not None)
+    where = target.get("module") if target["kind"] != "harness" else "harness"
+    return (simulator, target["kind"], where, target.get("func", ""), names)
+
+
+def shown(function: tuple) -> str:
+    """``function_of``'s key as a student reads it: ``cupy_streams.softmax_rows``, or
+    ``the lab's harness recorded_pipeline('affine'), which runs your code,``."""
+    _, kind, where, func, names = function
+    called = func + ("(" + ", ".join(map(repr, names)) + ")" if names else "")
+    if kind == "harness":
+        return f"the lab's harness {called}, which runs your code,"
+    return f"the import of {where}" if kind == "import" else f"{where}.{called}"
+
+
 class Submission:
     def __init__(self, path: Path, harness_path: Path, tier: str, limits: Limits, env: dict[str, str],
-                 sandbox_for=None):
+                 sandbox_for=None, budget_s: float | None = None):
         self.path = Path(path)
         self.harness_path = Path(harness_path)
         self.tier = tier
@@ -100,6 +145,12 @@ class Submission:
         # Set when the machine, not the submission, failed a call (a rank that could not be kept
         # apart): the grading then ends with exit 2 and this reason, never a score (runner).
         self.cannot_grade = ""
+        # The code that ran out of time once (function_of -> why), not called again in this grading;
+        # shared with the variants (the key says whether it ran in the simulator).
+        self.hung: dict[tuple, str] = {}
+        # The most wall seconds this grading spends in calls into the student's code (None: no
+        # limit): once spent, no call starts, and each is reported as not run, saying why.
+        self.budget_s = budget_s
 
     def in_simulator(self) -> "Submission":
         """The same submission run in numba's CUDA simulator, whatever the tier: for
@@ -108,9 +159,7 @@ class Submission:
         if self.tier == "cpu" and self.env.get("NUMBA_ENABLE_CUDASIM") == "1":
             return self  # the CPU tier runs in the simulator already
         if self._simulated is None:
-            self._simulated = Submission(self.path, self.harness_path, "cpu", self.limits,
-                                         dict(self.env, NUMBA_ENABLE_CUDASIM="1"), self.sandbox_for)
-            self._simulated.calls_s, self._simulated.flags = self.calls_s, self.flags
+            self._simulated = self._variant("cpu", dict(self.env, NUMBA_ENABLE_CUDASIM="1"))
         return self._simulated
 
     def compiling(self) -> "Submission":
@@ -118,10 +167,15 @@ class Submission:
         that compile its kernels for a real GPU (``autograder.grading.checking.compile_kernels``),
         which needs no GPU but must not run in the simulator."""
         if self._compiling is None:
-            self._compiling = Submission(self.path, self.harness_path, self.tier, self.limits,
-                                         dict(self.env, NUMBA_ENABLE_CUDASIM="0"), self.sandbox_for)
-            self._compiling.calls_s, self._compiling.flags = self.calls_s, self.flags
+            self._compiling = self._variant(self.tier, dict(self.env, NUMBA_ENABLE_CUDASIM="0"))
         return self._compiling
+
+    def _variant(self, tier: str, env: dict[str, str]) -> "Submission":
+        """The same submission in another environment, one grading with this one: the time
+        spent, the budget, what hung and the flags are shared."""
+        other = Submission(self.path, self.harness_path, tier, self.limits, env, self.sandbox_for, self.budget_s)
+        other.calls_s, other.flags, other.hung = self.calls_s, self.flags, self.hung
+        return other
 
     def close(self) -> None:
         """End the sandboxes of this grading run (its simulator and compiling variants too)."""
@@ -205,8 +259,11 @@ class Submission:
         return decoded
 
     def _run(self, target: dict, args, kwargs):
+        simulator = self.env.get("NUMBA_ENABLE_CUDASIM") == "1"
+        function = function_of(target, args, kwargs, simulator)
+        self._refuse_if_out_of_time(function)
         request = {"submission": str(self.path), "target": target, "args": list(args), "kwargs": kwargs,
-                   "simulator": self.env.get("NUMBA_ENABLE_CUDASIM") == "1"}
+                   "simulator": simulator}
         started = time.monotonic()
         if self._sandbox is None:
             self._sandbox = (self.sandbox_for or Sandbox)(str(self.path), self.limits, self.env)
@@ -217,6 +274,29 @@ class Submission:
         self.flags.extend(outcome.flags)
         if outcome.status == "ok":
             return outcome.value
+        if outcome.status == "timeout" and function is not None:
+            self.hung[function] = self._not_again(function, outcome)
         error = {"not_implemented": NotImplementedYet, "timeout": SubmissionTimeout}.get(
             outcome.status, SubmissionError)
         raise error(explain(outcome), outcome)
+
+    def _refuse_if_out_of_time(self, function: tuple | None) -> None:
+        """Raise ``SubmissionTimeout``, without a call, when ``function`` ran out of time earlier
+        in this grading, or when the grading's budget is spent."""
+        why = self.hung.get(function)
+        if why is None and self.budget_s is not None and self.calls_s[0] >= self.budget_s:
+            cause = (f"{len(self.hung)} function(s) ran out of time: fix those (the checks above say which)"
+                     if self.hung else "your calls are slow: look for work done again and again")
+            why = (f"not run: this grading has spent its budget of {self.budget_s:g} s in your code "
+                   f"({self.calls_s[0]:.0f} s), so no further call runs; {cause}, and the checks left will run")
+        if why is not None:
+            raise SubmissionTimeout(why, Outcome("timeout", message=why))
+
+    def _not_again(self, function: tuple, outcome: Outcome) -> str:
+        """Why later calls of ``function`` do not run, once it has run out of time."""
+        if outcome.limit == "time":  # the sandbox stopped it at the call limit
+            return (f"not run: {shown(function)} did not finish within {self.limits.timeout_s:g} s in an "
+                    "earlier call (an infinite loop? a deadlock?), so this grading does not call it again")
+        first = (outcome.message.strip().splitlines() or ["it timed out"])[0]
+        return f"not run: {shown(function)} ran out of time in an earlier call ({first}), so this grading does " \
+               "not call it again"

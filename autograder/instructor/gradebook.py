@@ -139,11 +139,14 @@ class Settings:
     timeout_s: float | None = None  # per call into the student's code (k2c grade --timeout)
     select: str | None = None  # k2c grade -k
     limit_s: float = 3600.0  # the whole grading process
+    budget_s: float | None = None  # all its calls into the student's code (k2c grade --budget)
 
     def grade_args(self) -> list[str]:
         args = ["--tier", self.tier]
         if self.timeout_s:
             args += ["--timeout", str(self.timeout_s)]
+        if self.budget_s:
+            args += ["--budget", str(self.budget_s)]
         if self.select:
             args += ["-k", self.select]
         return args

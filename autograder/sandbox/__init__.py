@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 
 from autograder.sandbox import audit, codec, isolation
-from autograder.sandbox.child import READS_ENV, REPLY, REQUEST
+from autograder.sandbox.child import FLAGS_SO_FAR, READS_ENV, REPLY, REQUEST
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MEMORY_SCAN_MAX_S = 0.25  # the longest wait between two sums of a call's resident memory
@@ -70,6 +70,7 @@ class Outcome:
     output: str = ""  # the tail of what the student's code printed
     duration_s: float = 0.0
     flags: list = field(default_factory=list)  # (kind, detail): what the code did that it had no reason to (audit)
+    limit: str = ""  # "time" or "memory": the sandbox stopped the call at that limit
 
 
 def _limit_child(limits: Limits):
@@ -280,6 +281,7 @@ class Sandbox:
         os.close(write_end)
         self._replies = read_end
         self._inbox = bytearray()  # grows in place: a reply can be tens of MB
+        self._flags = bytearray()  # the running call's flag records so far
         self._server: set[int] = set()
         if not isinstance(self._wait_for(time.monotonic() + self.START_TIMEOUT_S, watch_memory=False), tuple):
             output = _tail(self._log_path)
@@ -289,17 +291,21 @@ class Sandbox:
         self._server = set(group_members(self._proc.pid))
 
     def _wait_for(self, deadline: float, watch_memory: bool = True):
-        """Wait for the server's next reply: (code, reply), or None if the server died;
-        "timeout" or "memory" when the call must be stopped for it."""
+        """Wait for the server's next reply: (code, reply, flag records), or None if the server
+        died; "timeout" or "memory" when the call must be stopped for it. The call's flag
+        records, which come as it runs, gather in ``self._flags`` until then."""
         next_scan, interval = time.monotonic(), 0.05
         while True:
-            if len(self._inbox) >= REPLY.size:
+            while len(self._inbox) >= REPLY.size:
                 code, length, flags_length = REPLY.unpack_from(self._inbox)
                 end = REPLY.size + length + flags_length
-                if len(self._inbox) >= end:
-                    reply = bytes(self._inbox[REPLY.size:REPLY.size + length])
-                    flags = bytes(self._inbox[REPLY.size + length:end])
-                    del self._inbox[:end]
+                if len(self._inbox) < end:
+                    break
+                reply = bytes(self._inbox[REPLY.size:REPLY.size + length])
+                self._flags += self._inbox[REPLY.size + length:end]
+                del self._inbox[:end]
+                if code != FLAGS_SO_FAR:
+                    flags, self._flags = bytes(self._flags), bytearray()
                     return code, reply, flags
             now = time.monotonic()
             if now > deadline:
@@ -344,26 +350,36 @@ class Sandbox:
             self._proc.stdin.flush()
         except OSError:
             pass  # the server is gone: seen below
+        self._flags = bytearray()
         got = self._wait_for(start + self.limits.timeout_s)
         duration = time.monotonic() - start
-        if not isinstance(got, tuple):
-            self._stop()  # kills the call, and everything it started, with the server
-        output = _tail(self._log_path, offset=offset)
-        if not isinstance(got, tuple):
-            self.close()
-        if got == "timeout":
-            return Outcome("timeout", message=f"did not finish within {self.limits.timeout_s:g} s "
-                           "(an infinite loop? a deadlock?) and was stopped", output=output, duration_s=duration)
-        if got == "memory":
-            return Outcome("memory", message=f"used more than {self.limits.memory_mb} MiB of memory and was stopped",
-                           output=output, duration_s=duration)
-        if got is None:
-            return Outcome("crashed", message="the sandbox's process ended during the call", output=output,
-                           duration_s=duration)
-        outcome = _outcome(*got, output, duration)
+        if isinstance(got, tuple):
+            outcome = _outcome(*got, _tail(self._log_path, offset=offset), duration)
+        else:
+            outcome = self._stopped(got, offset, duration)
         if target.get("kind") == "ranks":  # the launcher runs no student code: the ranks report their own flags
             outcome.flags = [f for f in outcome.flags if f[0] != "channel"]
         return outcome
+
+    def _stopped(self, why, offset: int, duration: float) -> Outcome:
+        """The outcome of a call that never answered: stopped for time or memory (``why``:
+        "timeout", "memory"), or whose server died (None). Every process of the sandbox is
+        gone when this returns; the next call starts a new one."""
+        self._stop()  # kills the call, and everything it started, with the server
+        output = _tail(self._log_path, offset=offset)
+        # What the call did before it was stopped still reaches the instructor: the records
+        # that came, up to the last whole line (the one being written may be cut).
+        flags = audit.check_channel(bytes(self._flags[:self._flags.rfind(b"\n") + 1]), False)
+        self.close()
+        if why == "timeout":
+            return Outcome("timeout", message=f"did not finish within {self.limits.timeout_s:g} s "
+                           "(an infinite loop? a deadlock?) and was stopped", output=output, duration_s=duration,
+                           flags=flags, limit="time")
+        if why == "memory":
+            return Outcome("memory", message=f"used more than {self.limits.memory_mb} MiB of memory and was stopped",
+                           output=output, duration_s=duration, flags=flags, limit="memory")
+        return Outcome("crashed", message="the sandbox's process ended during the call", output=output,
+                       duration_s=duration, flags=flags)
 
     def _copy_of(self, submission: str) -> str:
         """The read-only copy of ``submission`` that the calls see, made on its first call.

@@ -40,11 +40,15 @@ from course import cuda_sim, refuse
 
 # grader -> server: a length, then a request (codec); server -> grader: the child's
 # exit code (negative: the signal that ended it), the lengths of its reply and of its
-# flag records (autograder.sandbox.audit), then the reply, then the records.
+# flag records (autograder.sandbox.audit), then the reply, then the records. While the
+# call runs, its flag records go to the grader as they come, each piece as a REPLY whose
+# code is FLAGS_SO_FAR, with no reply: a call the grader stops for time or memory is
+# not answered, and its flags must still reach the instructor.
 REQUEST = struct.Struct("<Q")
 REPLY = struct.Struct("<qQQ")
+FLAGS_SO_FAR = -(2**63)  # no exit code: a piece of the running call's flag records
 REPLY_LIMIT = 2**30  # bytes of a reply kept; a longer one arrives cut, and the grader finds it unreadable
-FLAGS_LIMIT = 2**18  # bytes of flag records kept
+FLAGS_LIMIT = 2**18  # bytes of flag records passed on per call
 READS_ENV = "K2C_AUDIT_READS"  # [needed paths, hidden paths] (autograder.sandbox.isolation), as JSON
 # What a call may read besides its own folder, for the flags (the bubblewrap layer shows no more).
 SYSTEM_READS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/sys", "/dev", "/proc", "/run")
@@ -163,12 +167,12 @@ def _call(request: dict, reply_fd: int, flags_fd: int, server_fds: tuple[int, ..
         os._exit(0)
 
 
-def _collect(pid: int, reply_fd: int, flags_fd: int) -> tuple[int, bytes, bytes]:
-    """Read the child's reply and flag records while it runs; (its exit code, the reply,
-    the records) once it has ended. A process it left may hold the pipes open, so the
-    end is the child's exit, not EOF."""
+def _collect(pid: int, reply_fd: int, flags_fd: int, pass_flags) -> tuple[int, bytes]:
+    """Read the child's reply while it runs, and hand its flag records to ``pass_flags`` as they
+    come (at most ``FLAGS_LIMIT`` bytes); (its exit code, the reply) once it has ended. A process
+    it left may hold the pipes open, so the end is the child's exit, not EOF."""
     kept = {reply_fd: bytearray(), flags_fd: bytearray()}
-    limit = {reply_fd: REPLY_LIMIT, flags_fd: FLAGS_LIMIT}
+    room = {reply_fd: REPLY_LIMIT, flags_fd: FLAGS_LIMIT}
     status = None
     while True:
         if status is None:
@@ -185,12 +189,16 @@ def _collect(pid: int, reply_fd: int, flags_fd: int) -> tuple[int, bytes, bytes]
                 data = b""
             if data:
                 got = True
-                room = limit[fd] - len(kept[fd])
-                kept[fd] += data[:max(room, 0)]
+                data = data[:max(room[fd], 0)]
+                room[fd] -= len(data)
+                if fd == flags_fd and data:
+                    pass_flags(data)
+                elif fd == reply_fd:
+                    kept[fd] += data
         if status is not None and not got:
             for fd in kept:
                 os.close(fd)
-            return status, bytes(kept[reply_fd]), bytes(kept[flags_fd])
+            return status, bytes(kept[reply_fd])
 
 
 def _empty(folder: str) -> None:
@@ -276,10 +284,11 @@ def serve() -> None:
             _call(request, reply_w, flags_w, (result_fd,), run_as, reads)
         os.close(reply_w)
         os.close(flags_w)
-        code, reply, flags = _collect(pid, reply_r, flags_r)
+        code, reply = _collect(pid, reply_r, flags_r,
+                               lambda data: out.write(REPLY.pack(FLAGS_SO_FAR, 0, len(data)) + data))
         kill_and_reap_all()
         _empty_scratch(run_as, scratch)
-        out.write(REPLY.pack(code, len(reply), len(flags)) + reply + flags)
+        out.write(REPLY.pack(code, len(reply), 0) + reply)
 
 
 if __name__ == "__main__":
