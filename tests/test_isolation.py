@@ -207,6 +207,27 @@ def test_a_machine_without_bubblewrap_falls_back_or_refuses_and_says_why(monkeyp
     assert "bubblewrap is not installed" in found.fallback_reason and "apt-get install bubblewrap" in found.describe()
 
 
+@pytest.mark.parametrize("euid, layer, uid, warned", [
+    (1000, Layer.SUBREAPER, None, True),  # a student's laptop without bubblewrap
+    (1000, Layer.BUBBLEWRAP, None, False),
+    (0, Layer.SUBREAPER, 65534, False),  # root's grader: the code runs as nobody
+])
+def test_every_report_says_when_student_code_could_signal_the_grader_or_write_its_users_files(
+        monkeypatch, euid, layer, uid, warned):
+    from autograder.grading import report
+    from autograder.grading.runner import LabResult
+
+    monkeypatch.setattr(isolation.os, "geteuid", lambda: euid)
+    found = Isolation(layer, uid, uid)
+    result = LabResult("02-cuda-model", "The CUDA programming model", "cpu", "/submission", [], 1.0,
+                       found.as_dict(), "ab" * 32)
+    text, as_json = report.text([result]), json.loads(report.as_json([result]))
+    said = "student code could signal the grader or write your files"
+    assert (said in text) is (said in as_json["isolation"]["detail"]) is (said in found.describe()) is warned, text
+    if warned:
+        assert f"WARNING: {said}: grade untrusted code elsewhere" in text
+
+
 @pytest.mark.parametrize("launcher", ["call", "mpi", "torch"])
 def test_hostile_code_cannot_touch_the_grader(bubblewrap, hostile, launcher, tmp_path, our_processes):
     results = tmp_path / "results.json"

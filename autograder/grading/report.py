@@ -122,6 +122,8 @@ def text(results: list[LabResult]) -> str:
         lines.append(f"  isolation: {_isolation(r)} · checks sha256 {r.checks_digest[:12]}")
         if r.isolation.get("readable"):
             lines.append(f"  student code could read: {r.isolation['readable']}")
+        if r.isolation.get("warning"):
+            lines.append(f"  WARNING: {r.isolation['warning']}")
         lines.append(f"  {'points':>7}  {'status':<8} check")
         for c in r.checks:
             pts = "-" if c.status == "skipped" else f"{_pts(c.points)}/{_pts(c.max_points)}"

@@ -94,9 +94,17 @@ class Isolation:
         else:
             text = (f"no namespaces; a supervisor reaps every process when a call ends; runs as {self.user}; "
                     "the machine's files and network are reachable")
-            if self.uid is None and os.geteuid() != 0:
-                text += "; student code could signal the grader or write your files: grade untrusted code elsewhere"
+            if self.warning:
+                text += "; " + self.warning
         return text + (f" ({self.fallback_reason})" if self.fallback_reason else "")
+
+    @property
+    def warning(self) -> str:
+        """What student code could do to the grader's user under this layer ("" when nothing):
+        run as that user with no namespaces, it could signal the grader or write that user's files."""
+        if self.layer is Layer.SUBREAPER and self.uid is None and os.geteuid() != 0:
+            return "student code could signal the grader or write your files: grade untrusted code elsewhere"
+        return ""
 
     @property
     def readable(self) -> str:
@@ -119,7 +127,7 @@ class Isolation:
 
     def as_dict(self) -> dict:
         return {"layer": self.layer.value, "user": self.user, "detail": self.describe(), "readable": self.readable,
-                "ranks_apart": self.ranks_apart}
+                "ranks_apart": self.ranks_apart, **({"warning": self.warning} if self.warning else {})}
 
     def command(self, inner: list[str], scratch: str, expose: list[str], devices: bool) -> list[str]:
         """The command line that runs ``inner`` (a Python command) isolated, in ``scratch``,
