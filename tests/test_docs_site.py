@@ -386,6 +386,17 @@ def _notebook(path: Path, title: str, metadata: dict | None = None) -> None:
     path.write_text(json.dumps(nb), encoding="utf-8")
 
 
+def test_every_handout_is_titled_after_one_pattern():
+    """The sidebar lists the handouts by title: "Lab NN — Subject: handout", each with its own number."""
+    handouts = lab_handouts()
+    assert handouts, "no lab handouts in solutions/"
+    for handout in handouts:
+        title = notebook_title(handout)
+        assert re.fullmatch(rf"Lab {handout.parent.name[:2]} — [A-Z].+: handout", title), (
+            f"{handout.relative_to(ROOT)} is titled {title!r}: name it as the others are, "
+            f"'# Lab {handout.parent.name[:2]} — Subject: handout'")
+
+
 def test_conf_discovers_new_modules_by_globbing(tmp_path):
     conf = _load_conf()
     for slug in ("01-parallel-thinking", "02-cuda-model", "03-shared-memory"):
