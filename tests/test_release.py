@@ -235,8 +235,19 @@ def test_release_is_one_clean_commit_with_no_solution_code(released):
     tracked = git(released, "ls-files").splitlines()
     assert {"README.md", "Makefile", "pyproject.toml", "environment.yml", ".gitignore"} <= set(tracked)
     assert {p.split("/")[0] for p in tracked} == {"README.md", "Makefile", "pyproject.toml", "environment.yml",
-                                                  ".gitignore", "course", "labs", "autograder", "scripts",
-                                                  ".github", ".k2c"}
+                                                  ".gitignore", "STUDENT-GUIDE.md", "course", "labs", "autograder",
+                                                  "scripts", ".github", ".k2c"}
+    # The README's pointers resolve: the student guide is in the release, as Markdown GitHub renders
+    # (no MyST left), and its own links lead to files of the release or within itself.
+    readme, guide = (released / "README.md").read_text(), (released / "STUDENT-GUIDE.md").read_text()
+    assert "](STUDENT-GUIDE.md" in readme and guide.startswith("# Student guide\n")
+    assert not re.search(r"^:::|\{\w+\}`|^: ", guide, re.M), "MyST syntax left in STUDENT-GUIDE.md"
+    anchors = {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", guide, re.M)}
+    for name, text in (("README.md", readme), ("STUDENT-GUIDE.md", guide)):
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            path, _, anchor = target.partition("#")
+            assert target.startswith("http") or (released / (path or name)).exists(), f"{name} links to {target}"
+            assert not anchor or (path or name) != "STUDENT-GUIDE.md" or anchor in anchors, f"{name}: {target}"
     # --ci 13: the workflow, and the wheel it names (checked, like every file, for solution code: inside it too).
     assert ".github/workflows/k2c-grade-13.yml" in tracked
     (wheel,) = [p for p in tracked if p.startswith(".k2c/")]

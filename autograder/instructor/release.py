@@ -3,11 +3,13 @@
 The release is what a student clones: the lectures and the course toolkit
 (``course/``), the handouts and starters (``labs/``, exactly what ``k2c sync``
 writes), the grader with every lab's public checks (``autograder/``), the
-one-node SLURM script, ``pyproject.toml``, ``environment.yml``, and a Makefile,
+one-node SLURM script, ``pyproject.toml``, ``environment.yml``, the docs' student
+guide as ``STUDENT-GUIDE.md`` (in Markdown that GitHub renders:
+``autograder.instructor.github_markdown``), and a Makefile,
 README and ``.gitignore`` written for students. It leaves out everything that
 holds or quotes reference code: ``solutions/``; ``tests/`` (its fixtures are
 references with one mistake each); ``benchmarks/`` (they import ``solutions/``);
-``docs/`` (the instructor guide quotes a solution); the scripts that grade
+the rest of ``docs/`` (the instructor guide quotes a solution); the scripts that grade
 ``solutions/``; and each lab's hidden checks with the oracles only they use
 (``lab.toml``'s ``hidden``): an oracle that computes the lab's answer would hand
 it to a student's code that loads it.
@@ -41,11 +43,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autograder.grading.labs import hidden_problems
-from autograder.instructor import overlap
+from autograder.instructor import github_markdown, overlap
 from autograder.instructor.sync import BEGIN, END, SKIP, differences, expected_labs
 
 FOLDERS = ("course", "autograder")
 FILES = ("pyproject.toml", "environment.yml", "scripts/slurm-localhost.sh")
+GUIDE = ("docs/student-guide.md", "STUDENT-GUIDE.md")  # the docs' page, and where the release holds it
 # A region this short is one trivial line (``return grad, None``) that a starter
 # or a check may hold on its own; anything longer in a released file is a leak.
 MIN_LEAK_CHARS = 30
@@ -133,7 +136,22 @@ def contents(source: Path) -> dict[str, tuple[bytes, bool]]:
                 raise ReleaseError(f"{rel} is not a notebook that can be read: {exc}") from None
     files.update({"README.md": (README.encode(), False), "Makefile": (MAKEFILE.encode(), False),
                   ".gitignore": (GITIGNORE.encode(), False)})
+    files[GUIDE[1]] = (student_guide(source, files).encode(), False)
     return files
+
+
+def student_guide(source: Path, files: dict[str, tuple[bytes, bool]]) -> str:
+    """The docs' student guide as GitHub shows it; its links to other pages of the site, which
+    the release does not hold, become their text."""
+    path = source / GUIDE[0]
+    if not path.is_file():
+        raise ReleaseError(f"{GUIDE[0]} is missing from {source.resolve()}: the release's README points to it")
+    folders = {rel.rsplit("/", 1)[0] for rel in files if "/" in rel}
+    try:
+        return github_markdown.from_myst(path.read_text(), lambda target: target.rstrip("/") in files
+                                         or target.rstrip("/") in folders)
+    except ValueError as exc:
+        raise ReleaseError(f"{GUIDE[0]}: {exc}") from None
 
 
 # --- hidden checks ---------------------------------------------------------------------------------
@@ -446,6 +464,9 @@ environment with `conda env create -f environment.yml`.
 3. Grade it: `make grade LAB=02` (or `.venv/bin/k2c grade 02`). Each check says
    what it expected, what it got, and where.
 
+[The student guide](STUDENT-GUIDE.md) says more: how to read the grader's
+feedback, what each status means, and what the checks look for.
+
 Some labs build on earlier ones and import your own modules from those labs'
 folders in `labs/`, so do the labs in order. `.venv/bin/k2c doctor` says what
 this machine offers (GPU or CUDA simulator, MPI, torch backends) and what to
@@ -460,12 +481,15 @@ install when something is missing.
 | `labs/NN-slug/` | each lab's handout and the code you write |
 | `autograder/` | the grader (`k2c`) and each lab's checks, in `autograder/checks/NN-slug/` |
 | `scripts/slurm-localhost.sh` | a one-node SLURM cluster on this machine, for the last module |
+| `STUDENT-GUIDE.md` | setting up, doing a lab, and reading the grader's feedback |
 
 Your code runs in a sandbox, one call at a time, under a time and a memory
-limit, so a hang or a crash costs one check, not the run. The grade that counts
+limit, so a crash costs one check and a hang the checks of the function that
+hangs, never the run. The grade that counts
 is the one your instructor's copy of the grader gives: editing `autograder/`
 here changes only what you see. That copy also runs a few hidden checks, which
 are not in this repository: the same functions on other inputs, against the
 complete reference answers (the public checks give you feedback on every
-function; the student guide lists what each lab's hidden checks test).
+function; [the student guide](STUDENT-GUIDE.md#hidden-checks) lists what each
+lab's hidden checks test).
 """
