@@ -46,6 +46,9 @@ release = version = "0.1"
 extensions = [
     "myst_nb",
     "sphinx.ext.githubpages",  # writes .nojekyll: GitHub Pages must serve _static/, _generated/
+    # MathJax 3 from the dev extra's package, copied into _static/mathjax/, so formulas render
+    # offline (Sphinx's default loads it from a CDN): mathjax_path points there.
+    "sphinx-mathjax-offline",
     "k2c_lesson",  # objectives / exercise / solution / keypoints admonitions
 ]
 

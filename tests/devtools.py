@@ -40,17 +40,26 @@ class Chromium:
             os.close(theirs_in)
             os.close(theirs_out)
         self._buffer, self._next_id, self._events = b"", 0, []
+        self.requested: list[str] = []  # every URL the page asked for since it was opened
         target = self.send("Target.createTarget", url="about:blank")["targetId"]
         self._session = self.send("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
         self.send("Page.enable", session=self._session)
+        self.send("Network.enable", session=self._session)
 
-    def dom(self, url: str) -> str:
-        """The page's DOM as HTML once it has loaded (what ``--dump-dom`` prints)."""
+    def dom(self, url: str, settled: str = "") -> str:
+        """The page's DOM as HTML once it has loaded (what ``--dump-dom`` prints); with ``settled``,
+        a JavaScript expression, once the promise it gives has resolved too (work scripts do
+        after the load event: MathJax typesetting)."""
         self._events.clear()
+        self.requested = []
         reply = self.send("Page.navigate", session=self._session, url=url)
         if reply.get("errorText"):
             raise RuntimeError(f"chromium could not open {url}: {reply['errorText']}")
         self._wait_for("Page.loadEventFired")
+        if settled:
+            found = self.send("Runtime.evaluate", session=self._session, expression=settled, awaitPromise=True)
+            if "exceptionDetails" in found:
+                raise RuntimeError(f"chromium: {settled} failed on {url}: {found['exceptionDetails']}")
         found = self.send("Runtime.evaluate", session=self._session, returnByValue=True,
                           expression="document.documentElement.outerHTML")
         return found["result"]["value"]
@@ -79,7 +88,7 @@ class Chromium:
                 if "error" in reply:
                     raise RuntimeError(f"chromium: {method}: {reply['error']}")
                 return reply.get("result", {})
-            self._events.append(reply)
+            self._keep(reply)
 
     def _wait_for(self, event: str) -> dict:
         deadline = time.monotonic() + self.timeout_s
@@ -87,7 +96,14 @@ class Chromium:
             for i, message in enumerate(self._events):
                 if message.get("method") == event and message.get("sessionId") == self._session:
                     return self._events.pop(i)
-            self._events.append(self._receive(deadline))
+            self._keep(self._receive(deadline))
+
+    def _keep(self, event: dict) -> None:
+        """Note a request the page made; keep any other event for ``_wait_for``."""
+        if event.get("method") == "Network.requestWillBeSent":
+            self.requested.append(event["params"]["request"]["url"])
+        elif event.get("method", "").startswith("Page."):
+            self._events.append(event)
 
     def _receive(self, deadline: float) -> dict:
         while b"\0" not in self._buffer:

@@ -353,6 +353,30 @@ def test_a_lecture_page_renders_to_a_real_screenshot(site, tmp_path):
     assert len(colours) > 64, f"the screenshot has only {len(colours)} colours: is the page blank?"
 
 
+MATHJAX_TYPESET = "(window.MathJax && MathJax.startup && MathJax.startup.promise) || Promise.resolve()"
+
+
+@pytest.mark.slow
+def test_formulas_render_with_no_request_leaving_the_machine(site):
+    """MathJax comes with the site (_static/mathjax/), not from a CDN: a page's formulas are
+    typeset while every host but the local server fails to resolve (CHROMIUM_FLAGS)."""
+    pages = sorted(site.html_dir.rglob("*.html"))
+    external = {str(page.relative_to(site.html_dir)): found for page in pages
+                if (found := re.findall(r"<(?:script|link)\b[^>]*(?:src|href)=\"(?:https?:)?//[^\"]*\"",
+                                        page.read_text(encoding="utf-8")))}
+    assert not external, f"pages load scripts or styles from other hosts: {external}"
+    with_math = [page for page in pages if 'class="math notranslate' in page.read_text(encoding="utf-8")]
+    assert len(with_math) > 3, "hardly any page has a formula: is myst's dollarmath still on?"
+    page = next(p for p in with_math if "lectures" in p.parts)
+    url = site.url(page.relative_to(site.html_dir).as_posix())
+    dom = site.browser.dom(url, settled=MATHJAX_TYPESET)
+    left = [u for u in site.browser.requested if not u.startswith(site.base_url) and not u.startswith("data:")]
+    assert not left, f"{url} asked for {left}"
+    formulas, typeset = dom.count('class="math notranslate'), dom.count("<mjx-container")
+    assert typeset >= formulas > 0 and "<mjx-merror" not in dom, (
+        f"{url}: {typeset} of its {formulas} formulas typeset by MathJax")
+
+
 @pytest.mark.slow
 def test_handouts_are_shown_as_stored_not_executed(site):
     """A handout calls the student's code: the build must not have run it."""
