@@ -119,7 +119,7 @@ def test_the_zip_holds_the_scripts_and_a_wheel_of_only_what_lab_06_needs(tmp_pat
     # The instructor guide shows this run: what it says is in the wheel is what is.
     guide = (REPO / "docs" / "instructor-guide.md").read_text()
     for line in proc.stdout.splitlines()[1:]:
-        assert f"\n{line}\n" in guide, f"docs/instructor-guide.md's 'k2c gradescope 06' shows another line than {line!r}"
+        assert f"\n{line}\n" in guide, f"docs/instructor-guide.md's 'k2c gradescope 06' differs from {line!r}"
 
 
 @pytest.mark.parametrize("lab", [lab for lab in all_labs() if lab.hidden], ids=lambda lab: lab.slug)

@@ -277,30 +277,26 @@ HANGING_SUBMISSION = ("import time\n\ndef never():\n    time.sleep(10**6)\n\n"
 
 
 def _grade_hanging_lab(tmp_path, *args):
-    """Grade HANGING_SUBMISSION on HANGING_LAB as `k2c grade 99 --format json ARGS` would:
-    (the report, the grading's wall seconds)."""
-    import time
-
+    """The JSON report of HANGING_SUBMISSION graded on HANGING_LAB, as `k2c grade 99 --format json ARGS`."""
     (tmp_path / "checks" / "99-hanging").mkdir(parents=True)
     for name, text in HANGING_LAB.items():
         (tmp_path / "checks" / "99-hanging" / name).write_text(text)
     (tmp_path / "submission").mkdir()
     (tmp_path / "submission" / "slow.py").write_text(HANGING_SUBMISSION)
-    started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-c", "import sys; from pathlib import Path; from autograder.grading import labs; "
          "labs.CHECKS_ROOT = Path(sys.argv[1]); from autograder.cli import main; sys.exit(main(sys.argv[2:]))",
          tmp_path / "checks", "grade", "99", "--submission", tmp_path / "submission", "--format", "json", *args],
         cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout), time.monotonic() - started
+    return json.loads(proc.stdout)
 
 
 def test_a_function_that_ran_out_of_time_is_not_called_again_in_the_grading(tmp_path):
     """A hanging submission costs one call limit per function, not one per check: after slow.never
     hung once, its later checks fail at once saying why; the harness's run('never_either') too,
     and neither stops the functions that return."""
-    report, wall = _grade_hanging_lab(tmp_path, "--timeout", "2")
+    report = _grade_hanging_lab(tmp_path, "--timeout", "2", "--budget", "600")  # the default, 10 s, is the next test's
     by_name = {t["name"]: t for t in report["tests"]}
     first, *later = (by_name[f"never[{case}]"] for case in (1, 2, 3))
     assert first["status"] == "timeout" and "did not finish within 2 s" in first["feedback"]
@@ -309,14 +305,17 @@ def test_a_function_that_ran_out_of_time_is_not_called_again_in_the_grading(tmp_
         assert check["feedback"].startswith("not run: ") and "did not finish within 2 s in an earlier call" \
             in check["feedback"] and "does not call it again" in check["feedback"], check["feedback"]
     assert "slow.never did" in later[0]["feedback"]
-    assert "harness run('never_either'), which runs your code," in by_name["never_through_the_harness_again"]["feedback"]
+    again = by_name["never_through_the_harness_again"]["feedback"]
+    assert "harness run('never_either'), which runs your code," in again
     assert by_name["quick"]["status"] == by_name["quick_through_the_harness"]["status"] == "passed"
-    assert 4 <= report["student_s"] < 4 + 2  # two limits, and the quick calls
-    assert wall < 30, f"{wall:.0f} s"  # was 4 limits and 4 new sandboxes more
+    # Two calls waited out the limit (was five), whatever else the machine is doing.
+    waited = sorted(t["name"] for t in report["tests"] if t["duration_s"] >= 2)
+    assert waited == ["never[1]", "never_through_the_harness"], waited
+    assert report["student_s"] >= 4
 
 
 def test_past_the_gradings_budget_the_checks_left_are_not_run_and_say_why(tmp_path):
-    report, _ = _grade_hanging_lab(tmp_path, "--timeout", "2", "--budget", "3")
+    report = _grade_hanging_lab(tmp_path, "--timeout", "2", "--budget", "3")
     statuses = {t["name"]: t["status"] for t in report["tests"]}
     assert statuses["never[1]"] == statuses["never_through_the_harness"] == "timeout"
     for name in ("quick_through_the_harness", "quick"):  # after 4 s in the student's code
