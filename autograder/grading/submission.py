@@ -42,7 +42,7 @@ class SubmissionTimeout(SubmissionError):
 
 # A grading's default budget for the time in the student's code, in call limits
 # (runner.grade_budget_s). A whole lab's reference spends under half of one limit in all (the
-# most, lab 05: 16 s of calls against its 40 s limit, on a busy 2-core machine; lab 04: 13 s of 90 s).
+# most, lab 05: 18 s of calls against its 40 s limit, on a busy 2-core machine; lab 04: 11 s of 90 s).
 BUDGET_CALL_LIMITS = 5
 
 
