@@ -606,3 +606,16 @@ def test_one_submission_is_one_job_and_a_job_that_ends_too_soon_is_an_infrastruc
         "#SBATCH --job-name=k2c-grade-13", "#SBATCH --ntasks=1", "#SBATCH --partition=gpu", "#SBATCH --time=65",
         "#SBATCH --gres=gpu:a100:2", f"#SBATCH --output={kept}/job.log"], script
     assert f"--submission {kept}/submission/ada --shown-as {tmp_path / 'ada'} --tier gpu" in script, script
+
+
+def test_a_slurm_job_grades_with_the_limits_asked_for():
+    """``k2c grade --slurm``'s job runs ``k2c grade`` with the call limit and the grading's budget given."""
+    from autograder.cli import parser
+    from autograder.grading.labs import find_lab
+    from autograder.instructor.gradebook_slurm import SlurmSite
+    from autograder.instructor.slurm_job import job_script
+
+    args = parser().parse_args(["grade", "04", "--slurm", "--timeout", "30", "--budget", "120"])
+    script = job_script(args, [find_lab("04")], "cpu", Path("/copy"), Path("/source"), Path("/scratch"), 65,
+                        SlurmSite(), "the site's defaults")
+    assert " --timeout 30.0 " in script and " --budget 120.0 " in script, script

@@ -99,6 +99,8 @@ def job_script(args, labs, tier: str, copy: Path, source: Path, scratch: Path, m
         command += ["--summary", str(scratch / "summary.md")]
     if args.timeout:
         command += ["--timeout", str(args.timeout)]
+    if getattr(args, "budget", None):
+        command += ["--budget", str(args.budget)]
     if args.k:
         command += ["-k", args.k]
     if args.require_full:
