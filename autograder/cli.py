@@ -300,7 +300,7 @@ def _slurm_options(command: argparse.ArgumentParser, unit: str) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    from autograder.grading.submission import BUDGET_CALL_LIMITS
+    from autograder.grading.submission import BUDGET_CALL_LIMITS, BUDGET_FLOOR_S
 
     p = argparse.ArgumentParser(prog="k2c", description="Kernels to Clusters: grade labs, generate starters, check the machine.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -319,7 +319,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--timeout", type=float, metavar="SECONDS", help="limit for each call into the submission")
     g.add_argument("--budget", type=float, metavar="SECONDS",
                    help="limit for all the calls of one lab's grading together; past it the checks left are "
-                        f"reported as not run (default: {BUDGET_CALL_LIMITS} call limits)")
+                        f"reported as not run (default: {BUDGET_CALL_LIMITS} call limits, at least "
+                        f"{BUDGET_FLOOR_S:g} s)")
     g.add_argument("--require-full", action="store_true", help="exit 1 when the score is below the maximum")
     g.add_argument("-k", metavar="EXPR", help="only the checks whose names match (pytest -k syntax)")
     g.add_argument("--list", action="store_true", help="list the checks (name, points, title; --format json too) and grade nothing")
@@ -351,7 +352,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--timeout", type=float, metavar="SECONDS", help="limit for each call into a submission")
     c.add_argument("--budget", type=float, metavar="SECONDS",
                    help="limit for all the calls of one submission's grading together; past it its checks left "
-                        f"are reported as not run (default: {BUDGET_CALL_LIMITS} call limits)")
+                        f"are reported as not run (default: {BUDGET_CALL_LIMITS} call limits, at least "
+                        f"{BUDGET_FLOOR_S:g} s)")
     c.add_argument("--limit", type=float, default=3600.0, metavar="SECONDS",
                    help="limit for one submission's whole grading (default 3600)")
     c.add_argument("-k", metavar="EXPR", help="only the checks whose names match (pytest -k syntax)")

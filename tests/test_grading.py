@@ -296,7 +296,7 @@ def test_a_function_that_ran_out_of_time_is_not_called_again_in_the_grading(tmp_
     """A hanging submission costs one call limit per function, not one per check: after slow.never
     hung once, its later checks fail at once saying why; the harness's run('never_either') too,
     and neither stops the functions that return."""
-    report = _grade_hanging_lab(tmp_path, "--timeout", "2", "--budget", "600")  # the default, 10 s, is the next test's
+    report = _grade_hanging_lab(tmp_path, "--timeout", "2")
     by_name = {t["name"]: t for t in report["tests"]}
     first, *later = (by_name[f"never[{case}]"] for case in (1, 2, 3))
     assert first["status"] == "timeout" and "did not finish within 2 s" in first["feedback"]
@@ -323,3 +323,11 @@ def test_past_the_gradings_budget_the_checks_left_are_not_run_and_say_why(tmp_pa
         assert check["status"] == "timeout" and check["feedback"].startswith(
             "not run: this grading has spent its budget of 3 s in your code"), check
     assert report["score"] == 0
+
+
+def test_the_default_budget_is_five_call_limits_and_never_short():
+    """A short --timeout (the tests' 5 s) must not leave a grading 25 s, which a few sandbox starts
+    on a busy machine would nearly spend: the default is 5 call limits, at least 300 s."""
+    from autograder.grading.runner import grade_budget_s
+
+    assert grade_budget_s(90) == 450 and grade_budget_s(5) == grade_budget_s(2) == 300

@@ -18,7 +18,7 @@ from autograder.grading.labs import Found, Lab, Unreadable, UsageError, locate, 
 from autograder.grading import flags, seeds
 from autograder.grading.plugin import CheckResult, GradingPlugin, check_title, register_marks
 from autograder.sandbox import Limits
-from autograder.grading.submission import BUDGET_CALL_LIMITS, Submission
+from autograder.grading.submission import BUDGET_CALL_LIMITS, BUDGET_FLOOR_S, Submission
 from course import refuse
 from course.tier import current_tier
 
@@ -337,10 +337,11 @@ def list_checks(lab: Lab, select: str | None = None) -> list[CheckInfo]:
 
 
 def grade_budget_s(call_limit_s: float) -> float:
-    """The most one grading spends in the student's code, by default: ``BUDGET_CALL_LIMITS``
-    call limits. A reference spends a fraction of one (its calls take seconds, the limits
-    are generous), so only code that hangs or crawls in call after call reaches it."""
-    return BUDGET_CALL_LIMITS * call_limit_s
+    """The most one grading's calls run, all together, by default: ``BUDGET_CALL_LIMITS``
+    call limits, and at least ``BUDGET_FLOOR_S``. A reference spends a fraction of one limit
+    (its calls take seconds, the limits are generous), so only code that hangs or crawls in
+    call after call reaches it."""
+    return max(BUDGET_CALL_LIMITS * call_limit_s, BUDGET_FLOOR_S)
 
 
 def _grade_folder(lab, folder, graded, missing, tier, timeout_s, select, on_result, start,

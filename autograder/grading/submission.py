@@ -40,10 +40,12 @@ class SubmissionTimeout(SubmissionError):
     status = "timeout"
 
 
-# A grading's default budget for the time in the student's code, in call limits
-# (runner.grade_budget_s). A whole lab's reference spends under half of one limit in all (the
-# most, lab 05: 18 s of calls against its 40 s limit, on a busy 2-core machine; lab 04: 11 s of 90 s).
+# A grading's default budget for the time its calls run, in call limits, and at least
+# BUDGET_FLOOR_S (runner.grade_budget_s): `--timeout 5` must not leave a grading 25 s. A whole
+# lab's reference spends under half of one limit in all (the most, lab 05: 18 s of calls against
+# its 40 s limit, on a busy 2-core machine; lab 04: 11 s of 90 s).
 BUDGET_CALL_LIMITS = 5
+BUDGET_FLOOR_S = 300.0
 
 
 def not_implemented_yet(message: str) -> NotImplementedYet:
@@ -148,9 +150,12 @@ class Submission:
         # The code that ran out of time once (function_of -> why), not called again in this grading;
         # shared with the variants (the key says whether it ran in the simulator).
         self.hung: dict[tuple, str] = {}
-        # The most wall seconds this grading spends in calls into the student's code (None: no
-        # limit): once spent, no call starts, and each is reported as not run, saying why.
+        # The most wall seconds this grading's calls may run, all together (None: no limit): once
+        # spent, no call starts, and each is reported as not run, saying why. What counts is how
+        # long each call ran (``Outcome.duration_s``), not the start of a sandbox, which is the
+        # grader's (seconds to import torch, more on a busy machine, after every timeout).
         self.budget_s = budget_s
+        self.ran_s = [0.0]  # shared with the variants, like calls_s
 
     def in_simulator(self) -> "Submission":
         """The same submission run in numba's CUDA simulator, whatever the tier: for
@@ -174,7 +179,7 @@ class Submission:
         """The same submission in another environment, one grading with this one: the time
         spent, the budget, what hung and the flags are shared."""
         other = Submission(self.path, self.harness_path, tier, self.limits, env, self.sandbox_for, self.budget_s)
-        other.calls_s, other.flags, other.hung = self.calls_s, self.flags, self.hung
+        other.calls_s, other.ran_s, other.flags, other.hung = self.calls_s, self.ran_s, self.flags, self.hung
         return other
 
     def close(self) -> None:
@@ -271,6 +276,7 @@ class Submission:
             outcome = self._sandbox.call(request)
         finally:
             self.calls_s[0] += time.monotonic() - started
+        self.ran_s[0] += outcome.duration_s
         self.flags.extend(outcome.flags)
         if outcome.status == "ok":
             return outcome.value
@@ -284,11 +290,11 @@ class Submission:
         """Raise ``SubmissionTimeout``, without a call, when ``function`` ran out of time earlier
         in this grading, or when the grading's budget is spent."""
         why = self.hung.get(function)
-        if why is None and self.budget_s is not None and self.calls_s[0] >= self.budget_s:
+        if why is None and self.budget_s is not None and self.ran_s[0] >= self.budget_s:
             cause = (f"{len(self.hung)} function(s) ran out of time: fix those (the checks above say which)"
                      if self.hung else "your calls are slow: look for work done again and again")
             why = (f"not run: this grading has spent its budget of {self.budget_s:g} s in your code "
-                   f"({self.calls_s[0]:.0f} s), so no further call runs; {cause}, and the checks left will run")
+                   f"({self.ran_s[0]:.0f} s), so no further call runs; {cause}, and the checks left will run")
         if why is not None:
             raise SubmissionTimeout(why, Outcome("timeout", message=why))
 
