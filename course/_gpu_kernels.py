@@ -21,17 +21,16 @@ def _fmix(h):
 
 
 @cuda.jit
-def hashed(out, key, low, span):
-    i = cuda.grid(1)
-    while i < out.size:
-        bits = _fmix(((np.uint64(i) & MASK) * GOLDEN + key) & MASK) >> np.uint64(8)
-        out[i] = np.float64(bits) * 2.0 ** -24 * span + low
-        i += cuda.gridsize(1)
+def hashed(values, key, low, span):
+    # A grid-stride loop: any grid fills any size.
+    position, stride = cuda.grid(1), cuda.gridsize(1)
+    for slot in range(position, values.size, stride):
+        bits = _fmix(((np.uint64(slot) & MASK) * GOLDEN + key) & MASK) >> np.uint64(8)
+        values[slot] = np.float64(bits) * 2.0 ** -24 * span + low
 
 
 @cuda.jit
 def fill(buffer, value):
-    i = cuda.grid(1)
-    while i < buffer.size:
-        buffer[i] = value
-        i += cuda.gridsize(1)
+    position, stride = cuda.grid(1), cuda.gridsize(1)
+    for slot in range(position, buffer.size, stride):
+        buffer[slot] = value

@@ -52,10 +52,9 @@ def _numba_kernel(cuda) -> str:
     import numpy as np
 
     @cuda.jit
-    def add_one(x):
-        i = cuda.grid(1)
-        if i < x.shape[0]:
-            x[i] += 1
+    def add_one(values):
+        for slot in range(cuda.grid(1), values.shape[0], cuda.gridsize(1)):
+            values[slot] += 1
 
     device = cuda.to_device(np.zeros(PREFLIGHT_N, np.float32))
     add_one[1, PREFLIGHT_N](device)
