@@ -23,8 +23,8 @@ broadcast) and records ``(kind, elements, phase)`` for every call made in a pass
 ``course.torch_audit.OpLog`` sees every operator the passes run: the largest tensor
 any of them makes, and the collectives as torch's process group sees them.
 
-``memory_rank`` runs one large ``ParallelMLP`` forward and backward with nothing
-recorded, for the peak memory the launcher reads from outside.
+``memory_rank`` builds one large ``ParallelMLP``, loads its slices and runs a forward
+pass with nothing recorded, for the peak memory the launcher reads from outside.
 
 A stub (``NotImplementedError``) and a parameter of the wrong shape are emitted per
 case on every rank alike; any other error ends the job, and the grader runs the cases
