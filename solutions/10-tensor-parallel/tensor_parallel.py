@@ -24,8 +24,8 @@ Conventions the grader relies on:
   sequence parallelism shards dim 0: rank r holds rows ``r*s/t .. (r+1)*s/t``.
 - ``t = dist.get_world_size(group)``, ``rank = dist.get_rank(group)``
   (``group=None``: the default group). Every rank runs the same code.
-- Weight layouts (the grader copies rank r's slice of a dense torch model
-  into your parameters, so names and shapes matter):
+- Weight layouts (the grader gives rank r its slice of a dense torch model
+  and copies it into your parameters, so names and shapes matter):
   ``ColumnParallelLinear.weight`` is ``[out/t, in]``, rows ``r*out/t ..`` of the
   dense ``[out, in]`` weight, ``.bias`` ``[out/t]`` (or None);
   ``RowParallelLinear.weight`` is ``[out, in/t]`` (columns ``r*in/t ..``),
@@ -44,6 +44,9 @@ Conventions the grader relies on:
   attention applies f (or the sequence gather) ONCE for q, k and v together,
   as Megatron's fused QKV layer does, so ``q``, ``k`` and ``v`` are built with
   ``communicate_input=False``.
+- No rank holds a full weight matrix, not even for a moment while the module
+  is built: create only this rank's shard (the grader reads each rank's peak
+  memory, from outside, on a large ``ParallelMLP``).
 - The vocabulary pair never makes a whole ``[tokens, vocab]`` or
   ``[vocab, hidden]`` tensor on a rank, not even for a moment (the grader
   sees every tensor they make and every collective): the embedding looks up
@@ -205,7 +208,7 @@ def reduce_scatter_to_sequence_parallel_region(x, group=None):
 
 def _init_weight(rows, cols):
     weight = torch.empty(rows, cols, dtype=torch.get_default_dtype())
-    torch.nn.init.normal_(weight, std=cols ** -0.5)  # the grader overwrites it; any init will do
+    torch.nn.init.normal_(weight, std=cols ** -0.5)  # the grader overwrites it; any init of the shard will do
     return torch.nn.Parameter(weight)
 
 

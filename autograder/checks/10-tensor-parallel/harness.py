@@ -1,56 +1,40 @@
 """Grader code that runs next to the student's ``tensor_parallel`` module in the sandbox.
 
-``cases_job(t)`` runs every case on ``t`` ranks in one ``course.dist`` job
-(starting torch processes is the slow part). Before the student's module is
-imported, ``CollectiveLog`` wraps the collectives of ``torch.distributed``
+It knows no answer. The checks draw every input and build every dense model in the
+grader (``oracles.py``), and give rank r of a rank job (``autograder.sandbox.ranks``)
+only its own part of each case: the class to build, its slices of the dense weights
+as NumPy arrays, its input and its upstream gradient (for the conjugate operators,
+its own input and upstream gradient only). ``cases_rank`` builds the student's module,
+loads the given slices into its parameters (``load``: a parameter of another shape
+than the slice is reported with the shape the layout gives it, never guessed at),
+marks the start (``ranks.mark``), runs the forward pass, marks, runs the backward pass
+with the given upstream gradient, marks (the launcher counts what crossed between
+the ranks in each pass, in all and per rank), sums the sequence-parallel gradients
+where the case says so, and emits its output and every gradient; the grader compares
+them with the dense model's.
+
+With them go in-process records, for the checks' messages: ``CollectiveLog`` wraps
+the collectives of ``torch.distributed`` before the student's module is imported
 (all_reduce, all_gather_single, reduce_scatter_single, their older names
 all_gather_into_tensor and reduce_scatter_tensor, all_gather, reduce_scatter,
-broadcast) to record ``(kind, elements, phase)`` for every
-call made while the harness runs a forward or a backward pass.
+broadcast) and records ``(kind, elements, phase)`` for every call made in a pass;
+``largest_held`` is the largest tensor reachable from the student's module,
+``SavedWatch`` the largest autograd saved for backward (``saved_tensors_hooks``), and
+``course.torch_audit.OpLog`` sees every operator the passes run: the largest tensor
+any of them makes, and the collectives as torch's process group sees them.
 
-Each case builds, on every rank from a fixed seed, a dense float64 model out
-of torch's own modules (``nn.Linear``, ``nn.MultiheadAttention``,
-``nn.TransformerEncoderLayer`` with ``norm_first=True``, ``nn.Embedding``,
-``F.cross_entropy``), builds the student's module, copies the rank's
-documented slice of every dense parameter into it (``bind``: a shape that is
-not the documented one is reported, never guessed at), runs both on the same
-input and upstream gradient, and records (got, want) arrays for the output,
-the gradient of the input and the gradient of every parameter shard (the
-dense gradient sliced the same way). Sequence-parallel cases feed the rank's
-sequence shard and call ``allreduce_sequence_parallel_grads`` after backward.
-It also records the largest tensor reachable from the student's module and
-the largest tensor saved for backward during its forward
-(``saved_tensors_hooks``), next to the element count of the smallest full
-weight matrix of that layer. ``course.torch_audit.OpLog`` watches every
-operator the student's forward and backward run (modules and the
-cross-entropy): the largest tensor any of them makes, factories included, kept
-or not, and the collectives as torch's process group sees them (whichever API
-called them).
+``memory_rank`` builds one large ``ParallelMLP``, loads its slices and runs a forward
+pass with nothing recorded, for the peak memory the launcher reads from outside.
 
-Each rank writes a file per case as soon as it is done (``save_record``), so
-when a rank raises or the job hangs the first unfinished case is reported and
-the rest run again (``run_cases``). A stub (``NotImplementedError``) and a
-parameter of the wrong shape are recorded per case on every rank alike.
+A stub (``NotImplementedError``) and a parameter of the wrong shape are emitted per
+case on every rank alike; any other error ends the job, and the grader runs the cases
+after it again in a new one (``autograder.grading.rank_jobs.run_cases``).
 """
 import contextlib
 import functools
 import inspect
 
-from autograder.grading.checking import rank_records, run_cases, save_record
-from course import dist as launcher
-
-SEED = 2026
-HIDDEN, HEADS, FFN, SEQ, BATCH, VOCAB = 32, 8, 48, 8, 2, 24
-# Activations [SEQ, BATCH, HIDDEN] have 512 elements and [SEQ, BATCH, FFN] 768, fewer than the
-# full weights of their layers (HIDDEN^2 = 1024, HIDDEN * FFN = 1536, VOCAB * HIDDEN = 768), and a
-# shard of the MLP's weights (768 or 384) is smaller than attention's: a tensor that large is a weight.
-ODD_HIDDEN, ODD_HEADS = 24, 6  # 6 heads: divisible by 2, not by 4
-JOB_TIMEOUT_S = 40  # a correct job takes a few seconds; a deadlock ends sooner, when the job idles
-
-OPERATORS = ("op_f", "op_g", "op_gather", "op_reduce_scatter")
-MODULES = ("column", "column_gather", "row", "row_whole_input", "mlp", "mlp_sp", "attention_causal",
-           "attention_full", "layer_tp", "layer_sp", "embedding")
-CASES = OPERATORS + MODULES + ("cross_entropy", "heads_indivisible", "linear_indivisible")
+from autograder.sandbox import ranks
 
 # The old names (deprecated in torch 2.13) call the new ones inside distributed_c10d, not through
 # torch.distributed, where these are wrapped: each call is recorded once, under either name.
@@ -125,100 +109,38 @@ def tally(calls, phase):
     return counts
 
 
-# --- loading the dense weights into the student's module ---------------------------------
+# --- loading the given slices into the student's module -----------------------------------
 
 class LoadError(Exception):
     """The student's parameter is missing or not the documented shard."""
 
 
-class Binding:
-    """A student parameter and the slice ``index`` of a dense parameter it must equal."""
-
-    def __init__(self, label, student, dense, index):
-        self.label, self.student, self.dense, self.index = label, student, dense, index
-
-
-def bind(label, owner, attr, dense, index, what, how, rank):
-    """Copy ``dense[index]`` into ``owner.<attr>``: a Binding, or LoadError that says
-    what shape was expected. ``how`` says how the dense tensor is split ("whole" when it
-    is not); ``what`` names it ("weight", "bias")."""
+def load(module, label, path, array, expected):
+    """Copy ``array`` (this rank's slice) into the student's parameter at ``path`` ("fc1.weight")
+    of ``module``; the parameter, or LoadError that ends with ``expected`` (the slice's shape, and
+    why: the grader's sentence)."""
+    import numpy as np
     import torch
 
+    *owners, attr = path.split(".")
+    owner, where = module, label.split(".")[0]
+    for name in owners:
+        child = getattr(owner, name, None)
+        if child is None:
+            raise LoadError(f"{where} has no .{name}; the grader loads weights into the submodules the module "
+                            "docstring names")
+        owner, where = child, f"{where}.{name}"
     got = getattr(owner, attr, None)
-    want = dense.detach()[index]
-    if how == "whole":
-        expected = f"the {what} is whole on every rank: {tuple(want.shape)}"
-    else:
-        expected = f"rank {rank}'s shard of a {how[1]} {what} split by {how[0]} is {tuple(want.shape)}"
     if not isinstance(got, torch.Tensor):
         raise LoadError(f"{label} is {got!r}, expected a parameter; {expected}")
-    if tuple(got.shape) != tuple(want.shape):
+    if tuple(got.shape) != tuple(array.shape):
         raise LoadError(f"{label} has shape {tuple(got.shape)}; {expected}")
     if got.dtype != torch.float64:
         raise LoadError(f"{label} is {got.dtype}, expected torch.float64: create parameters in torch's default "
                         "dtype (the grader sets it to float64)")
     with torch.no_grad():
-        got.copy_(want)
-    return Binding(label, got, dense, index)
-
-
-def _child(owner, label, name):
-    child = getattr(owner, name, None)
-    if child is None:
-        raise LoadError(f"{label} has no .{name}; the grader loads weights into the submodules the module "
-                        "docstring names")
-    return child
-
-
-def _part(total, rank, t):
-    size = total // t
-    return slice(rank * size, (rank + 1) * size)
-
-
-def bind_column(label, mod, weight, bias, rank, t, offset=0, out=None):
-    """Rows ``rank*out/t ..`` of a dense [out, in] weight (rows offset .. offset+out of ``weight``)."""
-    out = out or weight.shape[0]
-    rows = slice(offset + rank * out // t, offset + (rank + 1) * out // t)
-    shape = (out, weight.shape[1])
-    found = [bind(f"{label}.weight", mod, "weight", weight, (rows,), "weight", ("output features", shape), rank)]
-    if bias is not None:
-        found.append(bind(f"{label}.bias", mod, "bias", bias, (rows,), "bias", ("output features", (out,)), rank))
-    return found
-
-
-def bind_row(label, mod, weight, bias, rank, t):
-    cols = _part(weight.shape[1], rank, t)
-    found = [bind(f"{label}.weight", mod, "weight", weight, (slice(None), cols), "weight",
-                  ("input features", tuple(weight.shape)), rank)]
-    if bias is not None:
-        found.append(bind(f"{label}.bias", mod, "bias", bias, (Ellipsis,), "bias", "whole", rank))
-    return found
-
-
-def bind_layernorm(label, mod, norm, rank):
-    return [bind(f"{label}.{name}", mod, name, getattr(norm, name), (Ellipsis,), name, "whole", rank)
-            for name in ("weight", "bias")]
-
-
-def bind_mlp(label, mod, fc1, fc2, rank, t):
-    return (bind_column(f"{label}.fc1", _child(mod, label, "fc1"), fc1.weight, fc1.bias, rank, t)
-            + bind_row(f"{label}.fc2", _child(mod, label, "fc2"), fc2.weight, fc2.bias, rank, t))
-
-
-def bind_attention(label, mod, mha, rank, t):
-    h, found = mha.embed_dim, []
-    for i, name in enumerate("qkv"):  # in_proj_weight stacks the q, k and v weights: [3h, h]
-        found += bind_column(f"{label}.{name}", _child(mod, label, name), mha.in_proj_weight, mha.in_proj_bias,
-                             rank, t, offset=i * h, out=h)
-    return found + bind_row(f"{label}.out", _child(mod, label, "out"), mha.out_proj.weight, mha.out_proj.bias,
-                            rank, t)
-
-
-def bind_layer(label, mod, enc, rank, t):
-    return (bind_layernorm(f"{label}.ln1", _child(mod, label, "ln1"), enc.norm1, rank)
-            + bind_attention(f"{label}.attn", _child(mod, label, "attn"), enc.self_attn, rank, t)
-            + bind_layernorm(f"{label}.ln2", _child(mod, label, "ln2"), enc.norm2, rank)
-            + bind_mlp(f"{label}.mlp", _child(mod, label, "mlp"), enc.linear1, enc.linear2, rank, t))
+        got.copy_(torch.from_numpy(np.require(array, np.float64, ["C", "W"])))
+    return got
 
 
 # --- what the student's module holds --------------------------------------------------------
@@ -270,130 +192,28 @@ class SavedWatch:
 
 # --- the cases ----------------------------------------------------------------------------------
 
-def _np(tensor):
-    return None if tensor is None else tensor.detach().cpu().numpy().copy()
-
-
-def _operator_case(student, name, rank, t, log):
-    """Forward and backward of one conjugate operator against the math, with every
-    rank's input and upstream gradient known to every rank (seeded by rank), and
-    the collectives each pass made."""
+def _np(value):
+    """What the student's code returned, as an array the grader can compare (a repr where it is none)."""
+    import numpy as np
     import torch
 
-    rows = 2
-    shape_in = {"op_gather": (rows, 3, 5), "op_reduce_scatter": (rows * t, 3, 5)}.get(name, (4, 3, 5))
-    shape_out = {"op_gather": (rows * t, 3, 5), "op_reduce_scatter": (rows, 3, 5)}.get(name, (4, 3, 5))
-    xs = [torch.randn(shape_in, generator=torch.Generator().manual_seed(SEED + r)) for r in range(t)]
-    ups = [torch.randn(shape_out, generator=torch.Generator().manual_seed(SEED + 100 + r)) for r in range(t)]
-    mine = slice(rank * rows, (rank + 1) * rows)
-    want_out, want_grad = {
-        "op_f": (xs[rank], sum(ups)),
-        "op_g": (sum(xs), ups[rank]),
-        "op_gather": (torch.cat(xs), sum(ups)[mine]),
-        "op_reduce_scatter": (sum(xs)[mine], torch.cat(ups)),
-    }[name]
-    function = {"op_f": "copy_to_tensor_parallel_region", "op_g": "reduce_from_tensor_parallel_region",
-                "op_gather": "gather_from_sequence_parallel_region",
-                "op_reduce_scatter": "reduce_scatter_to_sequence_parallel_region"}[name]
-    x = xs[rank].clone().requires_grad_()
-    with log.phase("forward"):
-        out = getattr(student, function)(x)
-    arrays = {"output": (_np(out), _np(want_out))}
-    if tuple(out.shape) == shape_out and out.requires_grad:
-        with log.phase("backward"):
-            out.backward(ups[rank])
-        arrays["gradient of the input"] = (_np(x.grad), _np(want_grad))
-    else:
-        arrays["gradient of the input"] = (None, _np(want_grad))
-    return {"arrays": arrays, "function": function,
-            "forward": tally(log.calls, "forward"), "backward": tally(log.calls, "backward")}
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        found = value.detach().cpu().numpy().copy()
+        return found.item() if found.ndim == 0 else found  # the codec sends 0-d arrays as 1-d
+    try:
+        return np.asarray(value, dtype=float)
+    except (TypeError, ValueError):
+        return repr(value)[:200]
 
 
-def _causal_mask(s):
+def _tensor(array):
+    """A tensor on this rank's own copy of an input."""
+    import numpy as np
     import torch
 
-    return torch.ones(s, s, dtype=torch.bool).triu(1)  # True: may not attend
-
-
-def _randn(*shape, salt=0):
-    """The same numbers on every rank, whatever the student's code draws from torch's global generator."""
-    import torch
-
-    return torch.randn(shape, generator=torch.Generator().manual_seed(SEED + 1000 * salt + sum(shape)))
-
-
-def _dense(module):
-    """``module`` with every parameter drawn at random: torch starts attention biases at 0
-    and LayerNorms at 1 and 0, values under which a misplaced bias or scale goes unseen."""
-    import torch
-
-    with torch.no_grad():
-        for p in module.parameters():  # matrices scaled by 1/sqrt(fan in), vectors by 0.5
-            p.copy_(torch.randn(p.shape) * (p.shape[-1] ** -0.5 if p.dim() == 2 else 0.5))
-    return module
-
-
-def _module_setup(student, name, rank, t):
-    """(student module, dense function, bindings, input, upstream, input index, output index,
-    sync, smallest full weight) for case ``name``."""
-    import torch
-    from torch import nn
-
-    seq = (slice(rank * SEQ // t, (rank + 1) * SEQ // t),)
-    features = lambda n: (Ellipsis, _part(n, rank, t))  # noqa: E731
-    whole = (Ellipsis,)
-    x = _randn(SEQ, BATCH, HIDDEN)
-    sync = None
-    if name in ("column", "column_gather"):
-        dense = _dense(nn.Linear(HIDDEN, FFN))
-        mod = student.ColumnParallelLinear(HIDDEN, FFN, gather_output=name == "column_gather")
-        bound = bind_column("ColumnParallelLinear", mod, dense.weight, dense.bias, rank, t)
-        out_index = whole if name == "column_gather" else features(FFN)
-        return mod, dense, bound, x, _randn(SEQ, BATCH, FFN, salt=1), whole, out_index, sync, FFN * HIDDEN
-    if name in ("row", "row_whole_input"):
-        dense = _dense(nn.Linear(FFN, HIDDEN))
-        parallel = name == "row"
-        mod = student.RowParallelLinear(FFN, HIDDEN, input_is_parallel=parallel)
-        bound = bind_row("RowParallelLinear", mod, dense.weight, dense.bias, rank, t)
-        x = _randn(SEQ, BATCH, FFN)
-        return mod, dense, bound, x, _randn(SEQ, BATCH, HIDDEN, salt=1), features(FFN) if parallel else whole, \
-            whole, sync, FFN * HIDDEN
-    if name in ("mlp", "mlp_sp"):
-        dense = _dense(nn.Sequential(nn.Linear(HIDDEN, FFN), nn.GELU(), nn.Linear(FFN, HIDDEN)))
-        sp = name == "mlp_sp"
-        mod = student.ParallelMLP(HIDDEN, FFN, sequence_parallel=sp)
-        bound = bind_mlp("ParallelMLP", mod, dense[0], dense[2], rank, t)
-        if sp:
-            sync = student.allreduce_sequence_parallel_grads
-        index = seq if sp else whole
-        return mod, dense, bound, x, _randn(SEQ, BATCH, HIDDEN, salt=1), index, index, sync, FFN * HIDDEN
-    if name.startswith("attention"):
-        mha = _dense(nn.MultiheadAttention(HIDDEN, HEADS))
-        causal = name == "attention_causal"
-        mask = _causal_mask(SEQ) if causal else None
-        dense = lambda x: mha(x, x, x, attn_mask=mask, need_weights=False)[0]  # noqa: E731
-        mod = student.ParallelSelfAttention(HIDDEN, HEADS, causal=causal)
-        bound = bind_attention("ParallelSelfAttention", mod, mha, rank, t)
-        return mod, dense, bound, x, _randn(SEQ, BATCH, HIDDEN, salt=1), whole, whole, sync, HIDDEN * HIDDEN
-    if name in ("layer_tp", "layer_sp"):
-        enc = _dense(nn.TransformerEncoderLayer(HIDDEN, HEADS, FFN, dropout=0.0, activation="gelu",
-                                                norm_first=True))
-        dense = lambda x: enc(x, src_mask=_causal_mask(SEQ))  # noqa: E731
-        sp = name == "layer_sp"
-        mod = student.ParallelTransformerLayer(HIDDEN, HEADS, FFN, sequence_parallel=sp)
-        bound = bind_layer("ParallelTransformerLayer", mod, enc, rank, t)
-        if sp:
-            sync = student.allreduce_sequence_parallel_grads
-        index = seq if sp else whole
-        return mod, dense, bound, x, _randn(SEQ, BATCH, HIDDEN, salt=1), index, index, sync, HIDDEN * HIDDEN
-    if name == "embedding":
-        dense = _dense(nn.Embedding(VOCAB, HIDDEN))
-        mod = student.VocabParallelEmbedding(VOCAB, HIDDEN)
-        bound = [bind("VocabParallelEmbedding.weight", mod, "weight", dense.weight, (_part(VOCAB, rank, t),),
-                      "weight", ("vocabulary rows", (VOCAB, HIDDEN)), rank)]
-        ids = torch.randint(0, VOCAB, (SEQ, BATCH), generator=torch.Generator().manual_seed(SEED + 1))
-        return mod, dense, bound, ids, _randn(SEQ, BATCH, HIDDEN, salt=1), whole, whole, sync, VOCAB * HIDDEN
-    raise KeyError(name)
+    return torch.from_numpy(np.require(array, requirements=["C", "W"]))
 
 
 def _made(ops):
@@ -405,102 +225,129 @@ def _made(ops):
                            for phase in ("forward", "backward")}}
 
 
-def _module_case(student, name, rank, t, log):
+def _passes(forward, backward, mark, log, ops=None, saved=None):
+    """``forward()``, then ``backward(output)`` (which runs the backward pass where the output
+    can take the upstream gradient, and says whether it did), in their phases of the
+    recorders; a mark after each. (output, whether backward ran)."""
+    def phase(name):
+        stack = contextlib.ExitStack()
+        for manager in ([saved] if saved is not None and name == "forward" else []) + [log.phase(name)] + (
+                [ops, ops.phase(name)] if ops is not None else []):
+            stack.enter_context(manager)
+        return stack
+
+    with phase("forward"):
+        y = forward()
+    mark("forward")
+    with phase("backward"):
+        ran = backward(y)
+    mark("backward")
+    return y, ran
+
+
+def _with(upstream):
+    """``backward`` for ``_passes``: the output's backward pass with ``upstream``, if its shape fits."""
     import torch
 
+    def backward(y):
+        if isinstance(y, torch.Tensor) and tuple(y.shape) == tuple(upstream.shape) and y.requires_grad:
+            y.backward(upstream)
+            return True
+        return False
+    return backward
+
+
+def _operator_case(student, part, mark, log):
+    """One conjugate operator on this rank's own input and upstream gradient."""
+    x = _tensor(part["x"]).requires_grad_()
+    function = getattr(student, part["function"])
+    mark("start")
+    out, backward = _passes(lambda: function(x), _with(_tensor(part["upstream"])), mark, log)
+    record = {"output": _np(out)}
+    if backward:
+        record["gradient of the input"] = _np(x.grad)
+    return {**record, "forward": tally(log.calls, "forward"), "backward": tally(log.calls, "backward")}
+
+
+def _build(student, build):
+    cls, args, kwargs = build
+    return getattr(student, cls)(*args, **kwargs)
+
+
+def _module_case(student, part, mark, log):
+    """The student's module with this rank's slices loaded, on this rank's input."""
     from course.torch_audit import OpLog
 
-    torch.manual_seed(SEED + CASES.index(name))
-    mod, dense, bound, x, upstream, in_index, out_index, sync, limit = _module_setup(student, name, rank, t)
+    mod = _build(student, part["build"])
+    params = [(label, load(mod, label, path, array, expected)) for label, path, array, expected in part["shards"]]
+    x = _tensor(part["x"])
     differentiable = x.is_floating_point()
-    x_dense = x.clone().requires_grad_(differentiable)
-    y_dense = dense(x_dense)
-    y_dense.backward(upstream)
-    x_mine = x[in_index].clone().requires_grad_(differentiable)
-    upstream_mine = upstream[out_index]
-    ops = OpLog()  # entered around the student's passes only: the grader's own tensors are not counted
-    launcher.mark(f"{name}:start")  # what each pass sends, counted by the launcher
-    with SavedWatch() as saved, log.phase("forward"), ops, ops.phase("forward"):
-        y = mod(x_mine)
-    launcher.mark(f"{name}:forward")
-    want = y_dense[out_index]
-    arrays = {"output": (_np(y), _np(want))}
-    if isinstance(y, torch.Tensor) and y.shape == want.shape and y.requires_grad:
-        with log.phase("backward"), ops, ops.phase("backward"):
-            y.backward(upstream_mine)
-    launcher.mark(f"{name}:backward")
-    if isinstance(y, torch.Tensor) and y.shape == want.shape and y.requires_grad:
-        if sync is not None:
+    x.requires_grad_(differentiable)
+    ops, saved = OpLog(), SavedWatch()  # entered around the student's passes only
+    mark("start")
+    y, backward = _passes(lambda: mod(x), _with(_tensor(part["upstream"])), mark, log, ops, saved)
+    record = {"output": _np(y)}
+    if backward:
+        if part["sync"]:
             with log.phase("sync"):
-                sync(mod)
+                student.allreduce_sequence_parallel_grads(mod)
         if differentiable:
-            arrays["gradient of the input"] = (_np(x_mine.grad), _np(x_dense.grad[in_index]))
-        for b in bound:
-            arrays[f"gradient of {b.label}"] = (_np(b.student.grad), _np(b.dense.grad[b.index]))
+            record["gradient of the input"] = _np(x.grad)
+        record.update({f"gradient of {label}": _np(param.grad) for label, param in params})
     held, path = largest_held(mod)
-    return {"arrays": arrays, "held": held, "held_at": path, "saved": saved.largest[0],
-            "saved_shape": list(saved.largest[1]), "limit": limit,
-            "forward": tally(log.calls, "forward"), "backward": tally(log.calls, "backward"),
-            "activation": SEQ * BATCH * HIDDEN, **_made(ops)}
+    return {**record, "held": held, "held_at": path, "saved": saved.largest[0],
+            "saved_shape": list(saved.largest[1]), "forward": tally(log.calls, "forward"),
+            "backward": tally(log.calls, "backward"), **_made(ops)}
 
 
-def _cross_entropy_case(student, rank, t, log):
+def _cross_entropy_case(student, part, mark, log):
     import torch
 
     from course.torch_audit import OpLog
 
-    torch.manual_seed(SEED + CASES.index("cross_entropy"))
-    logits = torch.randn(SEQ, BATCH, VOCAB) * 3
-    target = torch.randint(0, VOCAB, (SEQ, BATCH))
-    dense = logits.clone().requires_grad_()
-    want = torch.nn.functional.cross_entropy(dense.reshape(-1, VOCAB), target.reshape(-1))
-    want.backward()
-    mine = (Ellipsis, _part(VOCAB, rank, t))
-    local = logits[mine].clone().requires_grad_()
+    local, target = _tensor(part["logits"]).requires_grad_(), _tensor(part["target"])
     ops = OpLog()
-    launcher.mark("cross_entropy:start")
-    with log.phase("forward"), ops, ops.phase("forward"):
-        loss = student.vocab_parallel_cross_entropy(local, target)
-    launcher.mark("cross_entropy:forward")
-    arrays = {"loss": (_np(loss), _np(want))}
-    backward = isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad
-    if backward:
-        with log.phase("backward"), ops, ops.phase("backward"):
+    mark("start")
+
+    def backward(loss):
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad:
             loss.reshape(()).backward()
-    launcher.mark("cross_entropy:backward")
-    if backward:
-        arrays["gradient of the local logits"] = (_np(local.grad), _np(dense.grad[mine]))
-    return {"arrays": arrays, "tokens": SEQ * BATCH, "limit": SEQ * BATCH * VOCAB, **_made(ops)}
+            return True
+        return False
+    loss, _ = _passes(lambda: student.vocab_parallel_cross_entropy(local, target), backward, mark, log, ops)
+    record = {"loss": _np(loss)}
+    if local.grad is not None:
+        record["gradient of the local logits"] = _np(local.grad)
+    return {**record, **_made(ops)}
 
 
-def _raises_case(build, expect_error):
-    """Build something: the ValueError's message, or None if it built."""
-    try:
-        build()
-    except ValueError as exc:
-        return {"raised": True, "message": str(exc), "expected": expect_error}
-    return {"raised": False, "message": "", "expected": expect_error}
+def _builds_case(student, part):
+    """Each named constructor: whether it raised ValueError, and its message."""
+    found = {}
+    for key, build in part["builds"].items():
+        try:
+            _build(student, build)
+        except ValueError as exc:
+            found[key] = {"raised": True, "message": str(exc)[:300]}
+        else:
+            found[key] = {"raised": False, "message": ""}
+    return found
 
 
-def _run_case(student, name, rank, t, log):
-    if name in OPERATORS:
-        return _operator_case(student, name, rank, t, log)
-    if name in MODULES:
-        return _module_case(student, name, rank, t, log)
-    if name == "cross_entropy":
-        return _cross_entropy_case(student, rank, t, log)
-    if name == "heads_indivisible":  # divisible on 2 ranks: it must build; not on 4: ValueError
-        return _raises_case(lambda: student.ParallelSelfAttention(ODD_HIDDEN, ODD_HEADS), ODD_HEADS % t != 0)
-    if name == "linear_indivisible":  # 2t + 1 features never divide
-        odd = 2 * t + 1
-        column = _raises_case(lambda: student.ColumnParallelLinear(HIDDEN, odd), True)
-        row = _raises_case(lambda: student.RowParallelLinear(odd, HIDDEN), True)
-        return {"column": column, "row": row, "odd": odd}
-    raise KeyError(name)
+def _run_case(student, part, mark, log):
+    kind = part["kind"]
+    if kind == "operator":
+        return _operator_case(student, part, mark, log)
+    if kind == "module":
+        return _module_case(student, part, mark, log)
+    if kind == "cross_entropy":
+        return _cross_entropy_case(student, part, mark, log)
+    return _builds_case(student, part)
 
 
-def rank_side(names, t_expected, folder):
-    """Every rank: run each named case; write one file per case and rank."""
+def cases_rank(parts):
+    """A rank of a rank job: every case it is given (its own part of each), in order; one
+    record per case, emitted as soon as it is done."""
     import torch
     import torch.distributed as tdist
 
@@ -508,26 +355,36 @@ def rank_side(names, t_expected, folder):
     import tensor_parallel as student
 
     torch.set_default_dtype(torch.float64)
-    rank, t = tdist.get_rank(), tdist.get_world_size()
-    assert t == t_expected
-    for name in names:
+    for part in parts:
+        name = part["case"]
         log.calls = []
         try:
-            record = _run_case(student, name, rank, t, log)
+            record = _run_case(student, part, lambda phase: ranks.mark(f"{name}:{phase}"), log)
             record["status"] = "ok"
         except NotImplementedError as exc:  # a stub raises on every rank alike
             record = {"status": "not_implemented", "message": str(exc)}
         except LoadError as exc:
             record = {"status": "wrong_shape", "message": str(exc)}
         tdist.barrier()  # the next case starts together
-        save_record(folder, name, rank, record)
-    return None
+        ranks.emit({"case": name, **record})
 
 
-def cases_job(t, names=CASES):
-    """{case: outcome} for ``t`` ranks; see the module docstring."""
-    # gloo on both tiers: the model is tiny and its tensors live on the CPU.
-    start = lambda pending, folder: launcher.run(f"{__file__}:rank_side", t, list(pending), t, folder,  # noqa: E731
-                                                 timeout=JOB_TIMEOUT_S, backend="gloo",
-                                                 idle_timeout=launcher.IDLE_TIMEOUT_S, count_wire=True)
-    return run_cases(start, names, t, rank_records, counted=("forward", "backward"))
+def memory_rank(parts):
+    """One large module case, a forward pass with autograd on and nothing recorded: the
+    launcher reads this rank's peak memory from outside. Emits the output."""
+    import torch
+
+    import tensor_parallel as student
+
+    torch.set_default_dtype(torch.float64)
+    part = parts[0]
+    try:
+        mod = _build(student, part["build"])
+        for label, path, array, expected in part["shards"]:
+            load(mod, label, path, array, expected)
+        record = {"status": "ok", "output": _np(mod(_tensor(part["x"])))}
+    except NotImplementedError as exc:
+        record = {"status": "not_implemented", "message": str(exc)}
+    except LoadError as exc:
+        record = {"status": "wrong_shape", "message": str(exc)}
+    ranks.emit({"case": part["case"], **record})
