@@ -66,7 +66,7 @@ def encode(obj) -> bytes:
     out.write(header)
     out.write(_HEADER.pack(len(arrays)))
     for a in arrays:
-        np.save(out, np.ascontiguousarray(a), allow_pickle=False)
+        np.save(out, np.require(a, requirements="C"), allow_pickle=False)  # a 0-d array stays 0-d
     return out.getvalue()
 
 
