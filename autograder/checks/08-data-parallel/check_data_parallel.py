@@ -37,6 +37,8 @@ once); both wrappers train it, with one parameter per bucket. World sizes 2 and
 4, each one rank job (gloo) for every case, once per grading. Both tiers grade
 the same way, on gloo: this lab has no GPU part.
 """
+import threading
+
 import numpy as np
 import pytest
 
@@ -70,11 +72,35 @@ JOB_TIMEOUT_S = 40  # a correct job of 4 ranks takes a few seconds; a deadlock e
 IDLE_TIMEOUT_S = 5
 
 
+def _meanwhile(compute):
+    """Start ``compute()`` on a thread of its own; the function returned waits for its value.
+    The oracles (torch's import, single-process training) then run while the grader waits
+    for the sandbox, which starts its own torch and the ranks."""
+    done = {}
+
+    def run():
+        try:
+            done["value"] = compute()
+        except BaseException as exc:  # noqa: BLE001 - raised again where the value is wanted
+            done["error"] = exc
+    thread = threading.Thread(target=run, name="lab 08 oracles", daemon=True)
+    thread.start()
+
+    def value():
+        thread.join()
+        if "error" in done:
+            raise done["error"]
+        return done["value"]
+    return value
+
+
 def _job(submission, seed, world):
-    """{case name: (inputs, outcome)} for every case on ``world`` ranks, once per grading."""
+    """{case name: (inputs, outcome)} for every case on ``world`` ranks, once per grading; the
+    inputs hold the oracle's parameters after training ("want")."""
     def run():
         drawn = {name: oracles.draw_case(seed, name, world, spec, steps, micro)
                  for name, (_, _, spec, micro, steps) in CASES.items()}
+        trained = _meanwhile(lambda: {name: oracles.train_single_process(case) for name, case in drawn.items()})
 
         def part(name, rank):
             kind, cap = CASES[name][:2]
@@ -85,7 +111,8 @@ def _job(submission, seed, world):
             return [n for n in pending if CASES[n][0] == CASES[name][0]]
         found = run_cases(submission, "torch", "ddp_rank", list(CASES), lambda name: world, part,
                           timeout=JOB_TIMEOUT_S, idle_timeout=IDLE_TIMEOUT_S, count_wire=True, after_hang=after_hang)
-        return {name: (drawn[name], outcome) for name, outcome in found.items()}
+        want = trained()
+        return {name: ({**drawn[name], "want": want[name]}, outcome) for name, outcome in found.items()}
     return submission.once(("ddp_job", world), run)
 
 
@@ -126,9 +153,8 @@ def check_replicas_start_equal(submission, seed):
 
 def _expect_single_process(submission, seed, names, hint):
     for world, name, case, outcome in _cases(submission, seed, names):
-        want = submission.once(("oracle", name, world), lambda: oracles.train_single_process(case))
         for rank, record in enumerate(outcome["records"]):
-            param, error = _largest_difference(record["final"], want)
+            param, error = _largest_difference(record["final"], case["want"])
             if not error <= TOLERANCE:
                 started = _largest_difference(record.get("initial", {}), case["initial"][0])[1]
                 why = " The replicas did not start equal: broadcast rank 0's parameters first." if started else hint
@@ -167,13 +193,14 @@ _FROZEN_TIED_HINT = (" Layer 0 is frozen (requires_grad=False): broadcast it at 
 
 
 @pytest.mark.points(2)
-def check_frozen_and_tied_parameters(submission, seed):
+def check_frozen_and_tied_parameters(submission, seed, metrics):
     """A frozen layer and a tied weight: both wrappers train as one process, one all-reduce per trained parameter"""
     _expect_single_process(submission, seed, FROZEN_TIED, _FROZEN_TIED_HINT)
     for world, name, case, outcome in _cases(submission, seed, FROZEN_TIED):
         trained = oracles.trained_parameters(case["spec"])
         _expect_step_traffic(world, name, case, outcome, [size for _, size in trained],
-                             f"one per trained parameter ({', '.join(n for n, _ in trained)})", _FROZEN_TIED_HINT)
+                             f"one all_reduce per trained parameter ({', '.join(n for n, _ in trained)})",
+                             _FROZEN_TIED_HINT, metrics)
 
 
 # --- communication, counted from outside ---------------------------------------------------------
@@ -202,12 +229,15 @@ def _recorded(outcome, t, m=-1):
     return " -> ".join(shown[:14]) + (" -> ..." if len(shown) > 14 else "") if shown else "nothing"
 
 
-def _expect_step_traffic(world, name, case, outcome, sizes, pattern, hint=""):
+def _expect_step_traffic(world, name, case, outcome, sizes, pattern, hint="", metrics=None):
     """Each step's bytes (its last backward and the finish call, less the harness's barrier) are
-    exactly one all-reduce of each of ``sizes`` bytes; each earlier micro-batch's, nothing."""
+    exactly one all-reduce of each of ``sizes`` bytes; each earlier micro-batch's, nothing.
+    ``metrics`` gets the largest gap between a step's bytes and that, and gloo's framing."""
     crossed, framing, barrier = _wire(outcome, case)
     want = sum(oracles.all_reduce_wire_bytes(n, world, framing) for n in sizes)
     last = case["micro_batches"] - 1
+    if metrics is not None:
+        metrics[f"framing_bytes_p{world}"] = framing
     for t in range(len(case["batches"])):
         for m in range(last):
             got = crossed.get(f"s{t}.m{m}.backward")
@@ -220,14 +250,16 @@ def _expect_step_traffic(world, name, case, outcome, sizes, pattern, hint=""):
             raise AssertionError(f"{name} on {world} processes, step {t}: no count of what crossed (the job ended "
                                  "before the step did)")
         step = sum(got) - barrier
+        if metrics is not None:
+            metrics["largest_gap_bytes"] = max(metrics.get("largest_gap_bytes", 0), abs(step - want))
         if abs(step - want) >= framing / 2:
             payload = gloo_bytes("all_reduce", sum(sizes), world)
+            messages = sum(oracles.all_reduce_messages(n, world) for n in sizes)
             raise AssertionError(
                 f"{name} on {world} processes, step {t}: {step:.0f} bytes crossed between the ranks (the kernel's "
-                f"count); {pattern} is {oracles.describe(sizes, world, framing)}. The gradients' own bytes are "
-                f"{payload} however they are grouped; the rest is gloo's framing, {framing:.0f} bytes per message, so "
-                f"the count says how many all-reduces crossed, of what sizes. The recorder in rank 0 saw: "
-                f"{_recorded(outcome, t)}.{hint}")
+                f"count): {oracles.split(step, payload, framing)}. {pattern[0].upper()}{pattern[1:]}, "
+                f"{len(sizes)} of {', '.join(map(str, sizes))} bytes, sends {want:.0f}: the "
+                f"{payload} bytes and {messages} messages. The recorder in rank 0 saw: {_recorded(outcome, t)}.{hint}")
 
 
 def _bucket_sizes(case, cap):
@@ -235,26 +267,26 @@ def _bucket_sizes(case, cap):
 
 
 @pytest.mark.points(1)
-def check_naive_one_all_reduce_per_parameter(submission, seed):
+def check_naive_one_all_reduce_per_parameter(submission, seed, metrics):
     """NaiveDDP.sync_gradients: one all-reduce per parameter per step, nothing else"""
     with_the_work("NaiveDDP's communication", lambda: check_naive_matches_single_process(submission, seed))
     for world, name, case, outcome in _cases(submission, seed, (NAIVE,)):
         sizes = [size for _, size in oracles.trained_parameters(case["spec"])]
-        _expect_step_traffic(world, name, case, outcome, sizes, "one all_reduce per parameter")
+        _expect_step_traffic(world, name, case, outcome, sizes, "one all_reduce per parameter", metrics=metrics)
 
 
 @pytest.mark.points(2)
-def check_bucketed_one_all_reduce_per_bucket(submission, seed):
+def check_bucketed_one_all_reduce_per_bucket(submission, seed, metrics):
     """BucketedDDP: all-reduce calls per step = number of buckets from the lab's rule, nothing else"""
     with_the_work("BucketedDDP's communication", lambda: check_bucketed_matches_single_process(submission, seed))
     for world, name, case, outcome in _cases(submission, seed, BUCKETED):
         sizes = _bucket_sizes(case, CASES[name][1])
-        _expect_step_traffic(world, name, case, outcome, sizes,
-                             f"one all_reduce per bucket of the lab's rule ({len(sizes)})")
+        _expect_step_traffic(world, name, case, outcome, sizes, "one all_reduce per bucket of the lab's rule",
+                             metrics=metrics)
 
 
 @pytest.mark.points(2)
-def check_bucketed_communication_starts_during_backward(submission, seed):
+def check_bucketed_communication_starts_during_backward(submission, seed, metrics):
     """BucketedDDP: every gradient's all-reduce has crossed between the ranks by the time backward returns"""
     with_the_work("BucketedDDP's overlap", lambda: check_bucketed_matches_single_process(submission, seed))
     for world, name, case, outcome in _cases(submission, seed, BUCKETED):
@@ -263,6 +295,9 @@ def check_bucketed_communication_starts_during_backward(submission, seed):
         payload = gloo_bytes("all_reduce", gradients, world)
         for t in range(len(case["batches"])):
             during, after = crossed.get(f"s{t}.m0.backward"), crossed.get(f"s{t}.m0.finish")
+            if during is not None and after is not None:  # the smallest share of a step's bytes before backward returned
+                share = (during - barrier) / max(during - barrier + after, 1)
+                metrics["share_during_backward"] = min(metrics.get("share_during_backward", 1.0), round(share, 4))
             assert during is not None and during - barrier >= payload, (
                 f"{name} on {world} processes, step {t}: by the time backward returned, "
                 f"{during - barrier if during is not None else 'an unknown number of'} bytes had crossed between "
@@ -278,7 +313,7 @@ def _bucketed_results_right(submission, seed):
 
 
 @pytest.mark.points(1)
-def check_bucketed_does_not_wait_during_backward(submission, seed):
+def check_bucketed_does_not_wait_during_backward(submission, seed, metrics):
     """BucketedDDP: rank 0's backward returns before the other ranks have started theirs (its hooks do not wait)"""
     with_the_work("not waiting", lambda: _bucketed_results_right(submission, seed))
     for world, name, case, outcome in _cases(submission, seed, (AHEAD,)):
@@ -290,6 +325,7 @@ def check_bucketed_does_not_wait_during_backward(submission, seed):
             seen = crossed_in_phases(outcome["job"], name, ("s0.m0.rank0",)).get("s0.m0.rank0")
             limit = min(oracles.all_reduce_wire_bytes(n, world, framing) for n in _bucket_sizes(case, CASES[name][1]))
             whose, seen = "the ranks had sent", seen if seen is not None else float("inf")
+        metrics[f"sent_before_rank0_returned_p{world}"] = sent if sent is not None else seen
         assert seen <= limit, (
             f"{name} on {world} processes: the other ranks slept {oracles.harness.AHEAD_S:g} s before their "
             f"backward, and by the time rank 0's backward returned {whose} {seen} bytes (the kernel's count): "
@@ -299,14 +335,14 @@ def check_bucketed_does_not_wait_during_backward(submission, seed):
 
 
 @pytest.mark.points(1)
-def check_accumulation_communicates_once_per_step(submission, seed):
+def check_accumulation_communicates_once_per_step(submission, seed, metrics):
     """Gradient accumulation: nothing crosses inside no_sync; one all-reduce per bucket on the last micro-batch"""
     with_the_work("accumulation's communication",
                   lambda: check_accumulation_matches_single_process(submission, seed))
     for world, name, case, outcome in _cases(submission, seed, (ACCUMULATION,)):
         sizes = _bucket_sizes(case, ACCUMULATION_CAP)
         _expect_step_traffic(world, name, case, outcome, sizes,
-                             f"one all_reduce per bucket of the lab's rule ({len(sizes)}), after no_sync")
+                             "one all_reduce per bucket of the lab's rule, once no_sync is over", metrics=metrics)
 
 
 # --- compression -----------------------------------------------------------------------------------

@@ -145,8 +145,11 @@ def framing_of(calibration_bytes: int, p: int) -> float:
     return (calibration_bytes - gloo_bytes("all_reduce", nbytes, p)) / all_reduce_messages(nbytes, p)
 
 
-def describe(sizes: list[int], p: int, framing: float) -> str:
-    """"6 all-reduces (of 32, 512, ... bytes): 61248 bytes"."""
-    total = sum(all_reduce_wire_bytes(n, p, framing) for n in sizes)
-    what = f"{len(sizes)} all-reduce{'s' if len(sizes) != 1 else ''}"
-    return f"{what} (of {', '.join(map(str, sizes))} bytes): {total:.0f} bytes"
+def split(crossed: float, payload: int, framing: float) -> str:
+    """What ``crossed`` bytes are, read as gradients' all-reduces: "the gradients' 7744 bytes
+    (2(P-1)/P of them from each rank, however they are grouped) and 8 messages of gloo's
+    144-byte framing"."""
+    messages = (crossed - payload) / framing
+    count = f"{messages:.0f}" if abs(messages - round(messages)) < 0.05 else f"{messages:.2f}"
+    return (f"the gradients' all-reduce payload, {payload} bytes however they are grouped, and "
+            f"{count} messages of gloo's framing ({framing:.0f} bytes each)")
