@@ -55,8 +55,9 @@ def test_buckets_agree_with_the_reference_on_the_graded_models():
 ])
 def test_all_reduce_messages_follow_gloos_segments(elements, p, messages):
     assert oracles.all_reduce_messages(8 * elements, p) == messages
-    assert oracles.framing_of(gloo_bytes("all_reduce", 8 * oracles.CALIBRATION_ELEMENTS, p)
-                              + FRAMING * oracles.all_reduce_messages(8 * oracles.CALIBRATION_ELEMENTS, p), p) == FRAMING
+    calibration = 8 * oracles.CALIBRATION_ELEMENTS
+    crossed = gloo_bytes("all_reduce", calibration, p) + FRAMING * oracles.all_reduce_messages(calibration, p)
+    assert oracles.framing_of(crossed, p) == FRAMING
 
 
 def test_each_rank_receives_only_its_own_initial_parameters_and_micro_batches():

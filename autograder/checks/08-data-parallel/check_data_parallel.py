@@ -37,12 +37,9 @@ once); both wrappers train it, with one parameter per bucket. World sizes 2 and
 4, each one rank job (gloo) for every case, once per grading. Both tiers grade
 the same way, on gloo: this lab has no GPU part.
 """
-import threading
-
 import numpy as np
 import pytest
 
-from autograder.grading import seeds
 from autograder.grading.checking import load_beside, with_the_work
 from autograder.grading.rank_jobs import crossed_in_phases, per_rank_in_phase, run_cases
 from autograder.grading.submission import failure_from, not_implemented_yet
@@ -72,35 +69,13 @@ JOB_TIMEOUT_S = 40  # a correct job of 4 ranks takes a few seconds; a deadlock e
 IDLE_TIMEOUT_S = 5
 
 
-def _meanwhile(compute):
-    """Start ``compute()`` on a thread of its own; the function returned waits for its value.
-    The oracles (torch's import, single-process training) then run while the grader waits
-    for the sandbox, which starts its own torch and the ranks."""
-    done = {}
-
-    def run():
-        try:
-            done["value"] = compute()
-        except BaseException as exc:  # noqa: BLE001 - raised again where the value is wanted
-            done["error"] = exc
-    thread = threading.Thread(target=run, name="lab 08 oracles", daemon=True)
-    thread.start()
-
-    def value():
-        thread.join()
-        if "error" in done:
-            raise done["error"]
-        return done["value"]
-    return value
-
-
 def _job(submission, seed, world):
     """{case name: (inputs, outcome)} for every case on ``world`` ranks, once per grading; the
     inputs hold the oracle's parameters after training ("want")."""
     def run():
         drawn = {name: oracles.draw_case(seed, name, world, spec, steps, micro)
                  for name, (_, _, spec, micro, steps) in CASES.items()}
-        trained = _meanwhile(lambda: {name: oracles.train_single_process(case) for name, case in drawn.items()})
+        trained = oracles.meanwhile(lambda: {name: oracles.train_single_process(case) for name, case in drawn.items()})
 
         def part(name, rank):
             kind, cap = CASES[name][:2]
@@ -295,7 +270,7 @@ def check_bucketed_communication_starts_during_backward(submission, seed, metric
         payload = gloo_bytes("all_reduce", gradients, world)
         for t in range(len(case["batches"])):
             during, after = crossed.get(f"s{t}.m0.backward"), crossed.get(f"s{t}.m0.finish")
-            if during is not None and after is not None:  # the smallest share of a step's bytes before backward returned
+            if during is not None and after is not None:  # the smallest share of a step's bytes before it returned
                 share = (during - barrier) / max(during - barrier + after, 1)
                 metrics["share_during_backward"] = min(metrics.get("share_during_backward", 1.0), round(share, 4))
             assert during is not None and during - barrier >= payload, (
@@ -347,33 +322,12 @@ def check_accumulation_communicates_once_per_step(submission, seed, metrics):
 
 # --- compression -----------------------------------------------------------------------------------
 
-def _compression_inputs(seed):
-    rng = seeds.rng(seed, "08", "compression")
-    topk = []
-    for shape, k in (((6, 7), 5), ((50,), 1), ((3, 4), 12)):
-        x = rng.permutation(int(np.prod(shape))).astype(np.float64) + 1  # distinct magnitudes, mixed signs
-        topk.append({"x": (x * rng.choice([-1.0, 1.0], x.size)).reshape(shape), "k": k})
-    # two tensors compressed in turn, 4 steps: residuals are kept per key
-    feedback = [[(key, rng.standard_normal(shape), 3) for key, shape in (("w", (5, 8)), ("b", (8,)))]
-                for _ in range(4)]
-    return topk, feedback
-
-
 def _compression(submission, seed, part):
-    topk, feedback = submission.once("compression inputs", lambda: _compression_inputs(seed))
+    topk, feedback = submission.once("compression inputs", lambda: oracles.compression_inputs(seed))
     found = submission.harness_once("compression_case", "compression_case", topk, feedback)[part]
     if isinstance(found, dict) and "not_implemented" in found:
         raise not_implemented_yet(found["not_implemented"])
-    return zip(topk, found) if part == "topk" else _by_key(feedback, found)
-
-
-def _by_key(feedback, found):
-    """{key: [{"grad", "values", "indices", "residual"} per step]}."""
-    steps = {}
-    for inputs, outputs in zip(feedback, found):
-        for (key, grad, _), out in zip(inputs, outputs):
-            steps.setdefault(key, []).append({"grad": grad, **out})
-    return steps
+    return zip(topk, found) if part == "topk" else oracles.feedback_by_key(feedback, found)
 
 
 @pytest.mark.points(1)

@@ -195,7 +195,10 @@ def _run_case(student, case, record):
 
     name, rank = case["case"], tdist.get_rank()
     module = build_model(case["spec"], case["initial"])
-    wrapped = student.NaiveDDP(module) if case["kind"] == "naive" else student.BucketedDDP(module, bucket_cap_mb=case["cap"])
+    if case["kind"] == "naive":
+        wrapped = student.NaiveDDP(module)
+    else:
+        wrapped = student.BucketedDDP(module, bucket_cap_mb=case["cap"])
     record["initial"] = _parameters(module)
     ranks.mark(f"{name}:start")
     opt = torch.optim.SGD(module.parameters(), lr=case["lr"], momentum=case["momentum"])
@@ -257,7 +260,8 @@ def compression_case(topk_cases, feedback_steps):
     import ddp as student
 
     out = {}
-    for part, run in (("topk", lambda: _topk(student, topk_cases)), ("feedback", lambda: _feedback(student, feedback_steps))):
+    for part, run in (("topk", lambda: _topk(student, topk_cases)),
+                      ("feedback", lambda: _feedback(student, feedback_steps))):
         try:
             out[part] = run()
         except NotImplementedError as exc:

@@ -25,6 +25,8 @@ fraction of the messages.
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from autograder.grading import seeds
@@ -58,8 +60,8 @@ def draw_case(seed: int, name: str, world: int, spec: dict, steps: int, micro_ba
     rng = seeds.rng(seed, "08", name, world)
     initial = [_draw_parameters(rng, spec) for _ in range(world)]
     samples = world * micro_batches * MICRO_BATCH
-    batches = [(rng.standard_normal((samples, spec["layers"][0][0])), rng.standard_normal((samples, spec["layers"][-1][1])))
-               for _ in range(steps)]
+    inputs, outputs = spec["layers"][0][0], spec["layers"][-1][1]
+    batches = [(rng.standard_normal((samples, inputs)), rng.standard_normal((samples, outputs))) for _ in range(steps)]
     return {"spec": spec, "initial": initial, "batches": batches, "micro_batches": micro_batches, "world": world}
 
 
@@ -153,3 +155,48 @@ def split(crossed: float, payload: int, framing: float) -> str:
     count = f"{messages:.0f}" if abs(messages - round(messages)) < 0.05 else f"{messages:.2f}"
     return (f"the gradients' all-reduce payload, {payload} bytes however they are grouped, and "
             f"{count} messages of gloo's framing ({framing:.0f} bytes each)")
+
+
+def meanwhile(compute):
+    """Start ``compute()`` on a thread of its own; the function returned waits for its value.
+    The oracles (torch's import, single-process training) then run while the grader waits
+    for the sandbox, which starts its own torch and the ranks."""
+    done = {}
+
+    def run():
+        try:
+            done["value"] = compute()
+        except BaseException as exc:  # noqa: BLE001 - raised again where the value is wanted
+            done["error"] = exc
+    thread = threading.Thread(target=run, name="lab 08 oracles", daemon=True)
+    thread.start()
+
+    def value():
+        thread.join()
+        if "error" in done:
+            raise done["error"]
+        return done["value"]
+    return value
+
+
+def compression_inputs(seed: int):
+    """The compression part's inputs: three top-k cases (distinct magnitudes, mixed signs), and
+    four steps of two gradients compressed in turn (residuals are kept per key)."""
+    rng = seeds.rng(seed, "08", "compression")
+    topk = []
+    for shape, k in (((6, 7), 5), ((50,), 1), ((3, 4), 12)):
+        x = rng.permutation(int(np.prod(shape))).astype(np.float64) + 1  # distinct magnitudes, mixed signs
+        topk.append({"x": (x * rng.choice([-1.0, 1.0], x.size)).reshape(shape), "k": k})
+    # two tensors compressed in turn, 4 steps: residuals are kept per key
+    feedback = [[(key, rng.standard_normal(shape), 3) for key, shape in (("w", (5, 8)), ("b", (8,)))]
+                for _ in range(4)]
+    return topk, feedback
+
+
+def feedback_by_key(feedback, found):
+    """{key: [{"grad", "values", "indices", "residual"} per step]}."""
+    steps = {}
+    for inputs, outputs in zip(feedback, found):
+        for (key, grad, _), out in zip(inputs, outputs):
+            steps.setdefault(key, []).append({"grad": grad, **out})
+    return steps
