@@ -169,8 +169,8 @@ def test_the_graded_queries_are_drawn_from_the_seed_and_keep_their_edge_cases():
 # --- the executor's model and what each rank receives -------------------------------------------
 
 def _whole(case):
-    """The case's model as torch modules, trained per microbatch (mean loss over m): what a
-    correct pipeline computes, the independent way."""
+    """The case's model as torch modules, trained by torch's autograd on the whole batch at
+    once (mean loss): the same step as the oracle's, computed another way."""
     import torch
 
     modules = []
@@ -178,14 +178,14 @@ def _whole(case):
         linear = torch.nn.Linear(w.shape[1], w.shape[0], dtype=torch.float64)
         linear.weight.data, linear.bias.data = torch.tensor(w), torch.tensor(b)
         modules += [linear] + ([torch.nn.Tanh()] if i < len(case["layers"]) - 1 else [])
-    model, m = torch.nn.Sequential(*modules), len(case["xs"])
-    loss = sum(torch.nn.functional.mse_loss(model(torch.tensor(x)), torch.tensor(y)) / m
-               for x, y in zip(case["xs"], case["ys"]))
+    model = torch.nn.Sequential(*modules)
+    loss = torch.nn.functional.mse_loss(model(torch.tensor(np.concatenate(case["xs"]))),
+                                        torch.tensor(np.concatenate(case["ys"])))
     loss.backward()
     return model, float(loss.detach())
 
 
-def test_the_single_process_oracle_equals_per_microbatch_training_and_names_the_boundaries():
+def test_the_single_process_oracle_equals_torch_autograd_and_names_the_boundaries():
     import torch
 
     case = executor._case(7, "shuffled", 4)
@@ -194,13 +194,18 @@ def test_the_single_process_oracle_equals_per_microbatch_training_and_names_the_
     assert math.isclose(trained["loss"], loss, rel_tol=1e-12)
     linears = [m for m in model if isinstance(m, torch.nn.Linear)]
     for (dw, db), linear in zip(trained["grads"], linears):
-        assert np.allclose(dw, linear.weight.grad.numpy(), atol=1e-14) and np.allclose(db, linear.bias.grad.numpy())
+        assert np.allclose(dw, linear.weight.grad.numpy(), rtol=0, atol=1e-14)
+        assert np.allclose(db, linear.bias.grad.numpy(), rtol=0, atol=1e-14)
     h = torch.tensor(case["xs"][2])
     for s in range(3):  # stage s's output of microbatch 2 is what it sends forward
         h = model[4 * s:4 * s + 4](h)
         assert np.allclose(trained["outputs"][s][2], h.detach().numpy(), atol=1e-15)
         assert oracles.carried(h.detach().numpy(), s + 1, s, trained) == ["F", 2]
         assert oracles.carried(h.detach().numpy(), s - 1, s, trained) is None  # to the wrong neighbour
+    # the last stage's input gradient of microbatch 1: its share (1/m) of the whole batch's mean loss
+    x3 = torch.tensor(trained["outputs"][2][1], requires_grad=True)
+    (torch.nn.functional.mse_loss(model[12:](x3), torch.tensor(case["ys"][1])) / 4).backward()
+    assert np.allclose(trained["input_grads"][3][1], x3.grad.numpy(), rtol=0, atol=1e-15)
     assert oracles.carried(trained["input_grads"][3][1], 2, 3, trained) == ["B", 1]
     assert oracles.carried(np.zeros((3, 8)), 2, 3, trained) is None and oracles.carried(None, 2, 3, trained) is None
 
@@ -219,11 +224,11 @@ def test_each_rank_receives_only_its_stage():
     assert executor._case(8, "gpipe", 4)["xs"][0].tolist() != case["xs"][0].tolist()
 
 
-def test_the_memory_case_keeps_16_mib_per_microbatch_and_sends_32_kib():
+def test_the_memory_case_keeps_8_mib_per_microbatch_and_sends_16_kib():
     dims, rows = executor.MEMORY["dims"], executor.MEMORY["rows"]
-    assert executor.held_per_microbatch(dims, rows, 2) == 16 * 2**20
+    assert executor.held_per_microbatch(dims, rows, 2) == 8 * 2**20
     case = executor._case(0, "1f1b memory", 2, dims, rows, executor.MEMORY["microbatches"])
-    assert math.prod(case["activation_shape"]) * 8 == 32 * 2**10
+    assert math.prod(case["activation_shape"]) * 8 == 16 * 2**10
     assert oracles.peak_in_flight(case["schedule"]) == [2, 1]
 
 

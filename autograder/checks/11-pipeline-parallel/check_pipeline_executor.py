@@ -7,8 +7,10 @@ valid op order that is neither GPipe's nor 1F1B's. Each case runs as a rank job
 (``harness.executor_rank``): rank r receives only what its stage needs (its
 ``8 / p`` layers' weights, its op list, the microbatch inputs on the first rank,
 the targets on the last) and sends back its gradients, its loss and the
-messages it posted. Here the grader trains the whole MLP in one process on the
-whole batch (``oracles.train_whole_model``, torch's autograd) and compares:
+messages it posted. Here the grader runs one training step of the whole MLP in
+one process, the mean loss over the whole batch (``oracles.train_whole_model``:
+backpropagation by hand in NumPy, held to torch's autograd by the project's
+tests), and compares:
 
 - every gradient and the last rank's loss, to 1e-10;
 - what crossed between the ranks, as the kernel counted it: one activation
@@ -18,7 +20,7 @@ whole batch (``oracles.train_whole_model``, torch's autograd) and compares:
   the whole model's boundary tensors, ``oracles.carried``), credited only with
   the right gradients and bytes;
 - 1F1B's bound on the microbatches in flight, from outside: one more job of 2
-  ranks whose stages keep wide activations (``MEMORY``: 16 MiB per microbatch
+  ranks whose stages keep wide activations (``MEMORY``: 8 MiB per microbatch
   per stage, while the messages stay narrow), each rank's peak memory read by
   the launcher.
 """
@@ -44,13 +46,14 @@ EXECUTOR_CASES = ("gpipe", "1f1b", "shuffled")
 TOLERANCE = 1e-10
 JOB_TIMEOUT_S = 30  # a correct job of 4 processes takes a few seconds; a deadlock ends sooner, when the job idles
 IDLE_TIMEOUT_S = 5
-# Wide inside a stage, narrow between stages: every microbatch in flight keeps two 1024 x 1024 Tanh
-# outputs (16 MiB) in each stage until its backward, while a message carries 1024 x 4 (32 KiB).
-MEMORY = {"dims": (4, 1024, 4, 1024, 4, 1024, 4, 1024, 4), "rows": 1024, "microbatches": 8, "ranks": 2}
+# Wide inside a stage, narrow between stages: every microbatch in flight keeps two 512 x 1024 Tanh
+# outputs (8 MiB) in each stage until its backward, while a message carries 512 x 4 (16 KiB).
+MEMORY = {"dims": (4, 1024, 4, 1024, 4, 1024, 4, 1024, 4), "rows": 512, "microbatches": 8, "ranks": 2}
 # What a rank holds beyond its inputs besides the microbatches in flight, measured on the reference:
-# 23 MiB with nothing run (the process group, the harness), 45 MiB more with one microbatch (its
-# activations and its forward's and backward's temporaries).
-BESIDES_BYTES = 48 * 2**20
+# 18 to 23 MiB with nothing run (the process group, the harness), 27 MiB more with one microbatch
+# (its 8 MiB of activations and its forward's and backward's temporaries). The reference's 1F1B
+# holds 54 and 48 MiB on its 2 ranks, an executor that runs all forwards first 101 and 103 MiB.
+BESIDES_BYTES = 40 * 2**20
 MEMORY_TIMEOUT_S = 60
 
 
@@ -94,7 +97,8 @@ def _job(submission, seed, p):
     def run():
         names = EXECUTOR_CASES
         if p != WORLD_SIZES[0]:
-            names = [n for n, (_, outcome) in _job(submission, seed, WORLD_SIZES[0]).items() if outcome["status"] == "ok"]
+            first = _job(submission, seed, WORLD_SIZES[0])
+            names = [name for name, (_, outcome) in first.items() if outcome["status"] == "ok"]
         cases = {name: _case(seed, name, p) for name in EXECUTOR_CASES}
         found = run_cases(submission, "torch", "executor_rank", list(names), lambda name: p,
                           lambda name, rank: _part(cases[name], rank), timeout=JOB_TIMEOUT_S,
@@ -217,6 +221,8 @@ def held_per_microbatch(dims, rows, p):
 @pytest.mark.points(1)
 def check_executor_1f1b_holds_p_microbatches(submission, seed, metrics):
     """run_pipeline with 1F1B ops: rank r's peak memory, read from outside, stays below m microbatches' activations"""
+    # Not run for an executor that trains wrong or hangs on the small cases already: it could not count.
+    with_the_work("holding few microbatches", lambda: _expect_single_process(submission, seed, "1f1b"))
     case, job = _memory_job(submission, seed)
     p, m = case["p"], len(case["xs"])
     what = (f"run_pipeline with 1F1B ops on {p} ranks, {m} microbatches of {MEMORY['rows']} rows through stages "
@@ -228,6 +234,8 @@ def check_executor_1f1b_holds_p_microbatches(submission, seed, metrics):
     if stub:
         raise failure_from({"status": stub["status"], "message": stub.get("message", "")}, what)
     with_the_work("holding few microbatches", lambda: _expect_trains_right(submission, case, records))
+    if not all(job.baseline_bytes):
+        pytest.skip("this machine gives the launcher no reading of a process's memory (/proc/PID/status)")
     unit = held_per_microbatch(MEMORY["dims"], MEMORY["rows"], p)
     held = [peak - base for peak, base in zip(job.peak_bytes, job.baseline_bytes)]
     metrics.update(held_mib=[round(h / 2**20, 1) for h in held], per_microbatch_mib=unit / 2**20)

@@ -25,10 +25,11 @@
 - ``executor_schedule``: the GPipe and 1F1B op lists the executor runs (p = 2
   and 4, m = 4), written out as a table.
 - ``draw_model`` and ``train_whole_model``: the executor's float64 MLP, drawn
-  from a generator, trained in one process on the whole batch with torch's
-  autograd (the library's, not the lab's): the loss, every layer's gradient, and
-  every stage's boundary tensors per microbatch (its output, the gradient of its
-  input), which name what each send of an executor carried (``carried``).
+  from a generator, and one training step of the whole model in one process
+  (backpropagation by hand in NumPy, no pipeline): the loss, every layer's
+  gradient, and every stage's boundary tensors per microbatch (its output, the
+  gradient of its input), which name what each send of an executor carried
+  (``carried``). tests/test_11_pipeline_parallel.py holds it to torch's autograd.
 - ``message_problem``: do an executor's point-to-point messages, as each rank
   posted them, follow the op lists it was given (one microbatch each, in the
   ops' order)? Each receive gets the oldest unmatched send from its source
@@ -280,29 +281,49 @@ def draw_model(rng, dims):
     return layers
 
 
+def _product(a, b):
+    """``a @ b`` as a sum over its smallest dimension (every product here has one of at most
+    8): whole-array NumPy on one core. A BLAS's threads, on a busy machine, made the wide
+    memory case's oracle take seconds instead of a fraction of one."""
+    (m, k), n = a.shape, b.shape[1]
+    if k <= min(m, n):
+        return sum(a[:, j, None] * b[None, j, :] for j in range(k))
+    if n <= m:
+        return np.stack([(a * b[:, j]).sum(1) for j in range(n)], axis=1)
+    return np.stack([(a[i, :, None] * b).sum(0) for i in range(m)])
+
+
 def train_whole_model(layers, xs, ys, p):
     """One training step of the whole MLP (Linear layers, Tanh between them) in one
-    process, float64, on the concatenated batch with the mean squared error, cut into ``p``
-    stages of ``len(layers) / p`` layers for what crosses between them: {"loss", "grads":
-    per layer (dweight, dbias), "outputs": {stage s < p-1: its output per microbatch},
-    "input_grads": {stage s > 0: the gradient of its input per microbatch}}."""
-    import torch
-
-    params = [(torch.tensor(w, requires_grad=True), torch.tensor(b, requires_grad=True)) for w, b in layers]
-    per, h, boundaries = len(layers) // p, torch.tensor(np.concatenate(xs)), []
-    for i, (weight, bias) in enumerate(params):
-        if i and i % per == 0:  # the input of stage i / per
-            h.retain_grad()
-            boundaries.append(h)
-        h = torch.nn.functional.linear(h, weight, bias)
-        if i < len(params) - 1:
-            h = torch.tanh(h)
-    loss = torch.nn.functional.mse_loss(h, torch.tensor(np.concatenate(ys)))
-    loss.backward()
-    rows = len(xs[0])
-    return {"loss": float(loss.detach()), "grads": [(w.grad.numpy(), b.grad.numpy()) for w, b in params],
-            "outputs": {s: [t.numpy() for t in boundaries[s].detach().split(rows)] for s in range(p - 1)},
-            "input_grads": {s: [t.numpy() for t in boundaries[s - 1].grad.split(rows)] for s in range(1, p)}}
+    process, float64, with the mean squared error over the whole batch (the mean of the
+    microbatches' means: they are of equal size), by hand in NumPy, one microbatch at a
+    time; cut into ``p`` stages of ``len(layers) / p`` layers for what crosses between them:
+    {"loss", "grads": per layer (dweight, dbias), "outputs": {stage s < p-1: its output per
+    microbatch}, "input_grads": {stage s > 0: the gradient of its input per microbatch}}."""
+    per, m, last = len(layers) // p, len(xs), len(layers) - 1
+    grads = [(np.zeros_like(w), np.zeros_like(b)) for w, b in layers]
+    found = {"loss": 0.0, "grads": grads, "outputs": {s: [] for s in range(p - 1)},
+             "input_grads": {s: [] for s in range(1, p)}}
+    for x, y in zip(xs, ys):
+        inputs = []  # inputs[i]: the input of layer i; the output of a Tanh is the next layer's input
+        for i, (w, b) in enumerate(layers):
+            inputs.append(x)
+            if i and i % per == 0:
+                found["outputs"][i // per - 1].append(x)
+            x = _product(x, w.T) + b
+            if i < last:
+                x = np.tanh(x)
+        found["loss"] += float(np.mean((x - y) ** 2)) / m
+        grad = 2 * (x - y) / (y.size * m)  # of the output, for this microbatch's share of the mean
+        for i in range(last, -1, -1):
+            if i < last:
+                grad = grad * (1 - inputs[i + 1] ** 2)  # through the Tanh: 1 - tanh^2
+            grads[i][0][...] += _product(grad.T, inputs[i])
+            grads[i][1][...] += grad.sum(0)
+            grad = _product(grad, layers[i][0])
+            if i and i % per == 0:
+                found["input_grads"][i // per].append(grad)
+    return found
 
 
 def carried(data, peer, rank, trained):
