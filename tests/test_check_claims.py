@@ -226,6 +226,7 @@ CLAIMS = {
         'executor_gpipe_matches_single_process': 'executor: microbatch loss not divided by m',
         'executor_1f1b_matches_single_process': 'executor with blocking sends: 1F1B deadlocks',
         'executor_follows_the_schedule': 'executor ignores the schedule: the whole batch through the stages once, no microbatches',
+        'executor_1f1b_holds_p_microbatches': "executor keeps every microbatch's output and graph (retain_graph=True, never dropped)",
     },
     "12-context-parallel": {
         'local_attention': 'local_attention scales the scores by 1/d instead of 1/sqrt(d)',
