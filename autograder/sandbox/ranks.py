@@ -16,9 +16,11 @@ What comes back is plain data, measured from outside the ranks or carried
 undecoded: each rank's ``emit``-ted values as codec bytes (the grader decodes and
 compares them with its own answer), its error if it raised, its peak resident
 memory above what it held when it had read its inputs (``VmHWM``, read by the
-launcher from ``/proc``), and with ``count_wire`` the bytes that crossed between
-the ranks by each ``mark``, in all and per rank (the kernel's TCP counters,
-``course.wire``, attributed by each socket's owner, the rank's user).
+launcher from ``/proc``), at each ``mark`` what each rank held (``VmRSS``) and its
+peak since the last mark that started the peaks afresh (``fresh_peak``: the
+launcher writes the rank's ``clear_refs``), and with ``count_wire`` the bytes that
+crossed between the ranks by each ``mark``, in all and per rank (the kernel's TCP
+counters, ``course.wire``, attributed by each socket's owner, the rank's user).
 
 Each rank talks to the launcher over one connected unix socket, in frames of
 one kind byte, a 4-byte length and a body; the launcher reads the kind and the

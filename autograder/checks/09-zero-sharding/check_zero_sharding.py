@@ -357,13 +357,16 @@ def check_zero3_peak_gathered_bytes(submission, seed, metrics):
     for phase, start, end, gradients in phases:
         limit = gradients + model / 2 + 2 * layer
         peaks, own = peak_in_phase(outcome["job"], f"zero3_memory:{start}", f"zero3_memory:{end}")
-        since = "" if own else ", since an earlier mark"
         also = f", the shards' gradients {gradients / MIB:.0f} MiB" if gradients else ""
         for rank, peak in enumerate(peaks):
             metrics[f"rank{rank}_{end}_peak_mib"] = round(peak / MIB, 1)
+            if peak > limit and not own:  # a peak that may be an earlier phase's: no verdict either way
+                pytest.skip(f"the launcher could not start the ranks' peak memory afresh here (it may not write "
+                            f"their /proc/PID/clear_refs), and rank {rank}'s peak in the {phase}, "
+                            f"{peak / MIB:.1f} MiB, may be an earlier phase's")
             assert peak <= limit, (
                 f"on {n} ranks, rank {rank}'s memory rose up to {peak / MIB:.1f} MiB in the {phase} of "
-                f"Zero3Sequential above what it held when the {phase} began (the kernel's count{since}); one "
+                f"Zero3Sequential above what it held when the {phase} began (the kernel's count); one "
                 f"layer's full parameters are {layer / MIB:.0f} MiB, every layer's {model / MIB:.0f} MiB{also}. Free "
                 "each layer's gathered parameters after use (save only the input and the shard for backward, and "
                 "gather again there)")

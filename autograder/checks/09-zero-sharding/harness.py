@@ -37,7 +37,10 @@ from outside at the marks (VmRSS, and VmHWM started afresh at each
   for a message only the bytes of tensors reachable from the wrapper.
 
 Before a memory case the harness warms torch up (``warm_up``: its own first
-backward, Adam step and collectives keep some 20 MiB they allocate once).
+backward, Adam step and collectives keep some 20 MiB they allocate once), and
+before each of its marks it waits until the rank's other threads sleep
+(``settled``: c10d's worker threads let go of a collective's tensors a while
+after the collective has returned).
 
 A stub (``NotImplementedError`` on every rank before any collective) is
 recorded for its case, and the job goes on.
@@ -183,6 +186,35 @@ def warm_up():
     tdist.all_reduce(shard)
 
 
+def settled():
+    """Wait (2 s at most) until every other thread of this rank sleeps. A collective's worker
+    thread lets go of its tensors only after the caller's wait() has returned, when it next
+    runs: on busy cores a gathered buffer can outlive the step by a while, and what the
+    launcher reads at a mark would count it."""
+    import os
+    import threading
+    import time
+
+    me, quiet, deadline = threading.get_native_id(), 0, time.monotonic() + 2
+    while quiet < 2 and time.monotonic() < deadline:
+        running = False
+        for task in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{task}/stat") as f:
+                    running |= int(task) != me and f.read().rsplit(")", 1)[1].split()[0] == "R"
+            except (OSError, IndexError):
+                pass
+        quiet = 0 if running else quiet + 1
+        time.sleep(0.005)
+
+
+def _mark(name, memory, fresh_peak=False):
+    """The mark ``name``; in a memory case, once the collectives' threads have let go."""
+    if memory:
+        settled()
+    ranks.mark(name, fresh_peak=fresh_peak)
+
+
 def _zero1(student, case):
     import torch
 
@@ -191,10 +223,11 @@ def _zero1(student, case):
         warm_up()
     model = torch.nn.Sequential(*make_layers(case["model_seed"], case["dims"]))
     class_name, kwargs = OPTIMIZERS[case["optimizer"]]
-    ranks.mark(f"{name}:start", fresh_peak=True)  # from here: the optimizer's bytes and the steps' traffic
+    memory = case.get("memory", False)
+    _mark(f"{name}:start", memory, fresh_peak=True)  # from here: the optimizer's bytes and the steps' traffic
     optimizer = student.ShardedOptimizer(model.parameters(), getattr(torch.optim, class_name), **kwargs)
     _steps(model, optimizer, case)
-    ranks.mark(f"{name}:steps")
+    _mark(f"{name}:steps", memory)
     flat = _flat(model.parameters())
     if "slice" in case:  # a large case: one slice is enough to see the work was done
         start, stop = case["slice"]
@@ -216,28 +249,28 @@ def _inner_bytes(optimizer):
 def _zero3(student, case):
     import torch
 
-    name = case["case"]
-    if case.get("memory"):
+    name, memory = case["case"], case.get("memory", False)
+    if memory:
         warm_up()
-    ranks.mark(f"{name}:start", fresh_peak=True)  # from here: what the wrapper stores, and the steps' traffic
+    _mark(f"{name}:start", memory, fresh_peak=True)  # from here: what the wrapper stores, and the steps' traffic
     layers = make_layers(case["model_seed"], case["dims"])
     model = student.Zero3Sequential(layers)
     del layers  # the wrapper keeps what it needs of them
     class_name, kwargs = OPTIMIZERS[case["optimizer"]]
     optimizer = getattr(torch.optim, class_name)(model.parameters(), **kwargs)
     gc.collect()
-    ranks.mark(f"{name}:built", fresh_peak=True)  # from here: the peaks of the step above what is stored
-    if case.get("memory"):  # one step, its forward and backward measured apart
+    _mark(f"{name}:built", memory, fresh_peak=True)  # from here: the peaks of the step above what is stored
+    if memory:  # one step, its forward and backward measured apart
         x, y = _own(case["x"][0]), _own(case["y"][0])
         loss = torch.nn.functional.mse_loss(model(x), y)
-        ranks.mark(f"{name}:forward", fresh_peak=True)
+        _mark(f"{name}:forward", memory, fresh_peak=True)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
         del loss
     else:
         _steps(model, optimizer, case)
-    ranks.mark(f"{name}:steps")
+    _mark(f"{name}:steps", memory)
     record = {"shards": [shard.detach().numpy().copy() for shard in getattr(model, "shards", [])]}
     if case.get("memory"):
         record["wrapper_bytes"] = storage_bytes(model)
