@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from autograder.grading.labs import find_lab
-from autograder.grading.rank_jobs import crossed_in_phases, per_rank_in_phase, run_cases
+from autograder.grading.rank_jobs import crossed_in_phases, held_at, peak_in_phase, per_rank_in_phase, run_cases
 from autograder.grading.runner import child_environment
 from autograder.grading.submission import Submission
 from autograder.sandbox import Limits, isolation
@@ -71,6 +71,24 @@ def test_the_launcher_measures_bytes_per_rank_and_peak_memory(pried):
     held = [peak - base for peak, base in zip(job.peak_bytes, job.baseline_bytes)]
     assert all(h >= 90 * 2**20 for h in held), held  # the 96 MiB each held, clear_refs notwithstanding
     assert job.memory_tampered == []
+
+
+def test_a_mark_can_start_the_peak_afresh_so_a_phase_is_measured_alone():
+    submission = _submission("09")
+    try:
+        job = submission.rank_job("torch", "memory_phases_rank", [[{}]], timeout=60)
+    finally:
+        submission.close()
+    assert job.status == "ok", job.explain()
+    mib = 2**20
+    held = held_at(job, "phase:end")[0] - held_at(job, "phase:start")[0]
+    (peak,), own = peak_in_phase(job, "phase:start", "phase:end")
+    assert own and "phase:start" in job.fresh_peaks
+    assert 15.5 * mib <= held <= 17 * mib, held / mib  # the 16 MiB kept
+    assert 23.5 * mib <= peak <= 26 * mib, peak / mib  # and 8 MiB more for a moment; not the 64 MiB before
+    assert job.peak_bytes[0] - job.baseline_bytes[0] >= 63 * mib  # the whole job's peak keeps the 64 MiB
+    assert job.memory_tampered == [] and not job.flags  # the launcher's own restart is no tampering
+    assert peak_in_phase(job, "phase:start", "never") is None
 
 
 def test_run_cases_reports_the_case_that_failed_and_runs_the_rest():

@@ -16,9 +16,11 @@ What comes back is plain data, measured from outside the ranks or carried
 undecoded: each rank's ``emit``-ted values as codec bytes (the grader decodes and
 compares them with its own answer), its error if it raised, its peak resident
 memory above what it held when it had read its inputs (``VmHWM``, read by the
-launcher from ``/proc``), and with ``count_wire`` the bytes that crossed between
-the ranks by each ``mark``, in all and per rank (the kernel's TCP counters,
-``course.wire``, attributed by each socket's owner, the rank's user).
+launcher from ``/proc``), at each ``mark`` what each rank held (``VmRSS``) and its
+peak since the last mark that started the peaks afresh (``fresh_peak``: the
+launcher writes the rank's ``clear_refs``), and with ``count_wire`` the bytes that
+crossed between the ranks by each ``mark``, in all and per rank (the kernel's TCP
+counters, ``course.wire``, attributed by each socket's owner, the rank's user).
 
 Each rank talks to the launcher over one connected unix socket, in frames of
 one kind byte, a 4-byte length and a body; the launcher reads the kind and the
@@ -127,11 +129,13 @@ def emit(value) -> None:
     send(_channel, EMIT, codec.encode(value))
 
 
-def mark(name: str, ranks: int | None = None, timeout: float = 60) -> None:
+def mark(name: str, ranks: int | None = None, timeout: float = 60, fresh_peak: bool = False) -> None:
     """Made by ranks 0 .. ``ranks`` - 1 (all by default), each once, with the same ``name``:
-    the launcher notes the bytes that have crossed and each rank's peak memory by then,
-    and each rank waits until it has."""
-    send(_channel, MARK, json.dumps({"name": name, "ranks": ranks}).encode())
+    the launcher notes the bytes that have crossed, and each rank's resident memory and
+    peak memory by then, and each rank waits until it has. With ``fresh_peak`` the
+    launcher then starts each rank's high-water mark afresh at what it holds now, so that
+    the next mark's peak is that phase's own, not an earlier phase's."""
+    send(_channel, MARK, json.dumps({"name": name, "ranks": ranks, "fresh_peak": fresh_peak}).encode())
     _channel.settimeout(timeout)
     try:
         kind, _ = receive(_channel)
@@ -355,7 +359,8 @@ class _Rank:
         self.audit = bytearray()
         self.error: dict | None = None
         self.ready = self.done = self.told = False
-        self.baseline = self.peak = self.sampled = 0  # bytes: VmRSS when ready; VmHWM; the most VmRSS sampled
+        # bytes: VmRSS when ready; VmHWM over the whole job; the most VmRSS sampled since the peak last started afresh
+        self.baseline = self.peak = self.sampled = 0
         self.exit = None
         self.tampered = False  # its VmHWM fell below what the launcher had seen it hold: reset from inside
 
@@ -373,22 +378,41 @@ class _Rank:
                 return
             self.audit += data
 
-    def read_peak(self) -> None:
-        """Its high-water mark now, which can only grow; a sample above it means it was reset."""
-        high = _status_bytes(self.pid, "VmHWM")
+    def read_memory(self) -> list[int]:
+        """[what it holds now (VmRSS), its peak since its high-water mark last started afresh
+        (VmHWM, which only the launcher resets: a sample above it means it was reset from inside)]."""
+        held, high = _status_bytes(self.pid, "VmRSS", "VmHWM")
         self.tampered |= self.sampled > high + 2**20
-        self.peak = max(self.peak, high, self.sampled)
+        peak = max(high, self.sampled, held)
+        self.peak = max(self.peak, peak)
+        return [held, peak]
+
+    def restart_peak(self) -> bool:
+        """Start its high-water mark afresh at what it holds now (``clear_refs``, which the rank
+        itself cannot write: ``rank_isolation`` masks it); False where this launcher may not."""
+        try:
+            with open(f"/proc/{self.pid}/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            return False
+        self.sampled = 0
+        return True
 
 
-def _status_bytes(pid: int, field: str) -> int:
+def _status_bytes(pid: int, *fields: str):
+    """Each field of ``/proc/PID/status`` in bytes (0 where it cannot be read): one value for
+    one field, else a list."""
+    found = dict.fromkeys(fields, 0)
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
+                name = line.split(":", 1)[0]
+                if name in found:
+                    found[name] = int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return 0
+    values = [found[field] for field in fields]
+    return values[0] if len(values) == 1 else values
 
 
 def launch(job: dict) -> dict:
@@ -458,14 +482,17 @@ def launch(job: dict) -> dict:
                     if len(group) >= (wanted["ranks"] or n):
                         if seen is not None:
                             seen.sample()
-                        for member in group:
-                            ranks[member].read_peak()
-                        marks.append([wanted["name"], *_crossed(seen, n)])
+                        memory, fresh = [None] * n, bool(wanted.get("fresh_peak"))
+                        for member in sorted(group):
+                            memory[member] = ranks[member].read_memory()
+                            if wanted.get("fresh_peak"):
+                                fresh = ranks[member].restart_peak() and fresh
+                        marks.append([wanted["name"], *_crossed(seen, n), memory, fresh])
                         for member in sorted(group):
                             ranks[member].reader.send(GO)
                         del waiting[wanted["name"]]
                 elif kind == DONE:
-                    rank.read_peak()
+                    rank.read_memory()
                     rank.done = True
                 elif kind == ERROR:
                     rank.error = json.loads(body)
