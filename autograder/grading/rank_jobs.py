@@ -35,6 +35,7 @@ class RankJob:
     errors: list = field(default_factory=list)  # per rank: None, or {"status", "message", "type", "where"}
     finished: list = field(default_factory=list)
     marks: dict = field(default_factory=dict)  # name -> (bytes crossed by then, [bytes each rank had sent])
+    cpu_s: dict = field(default_factory=dict)  # name -> [CPU seconds each rank had used by then; None: not its mark]
     peak_bytes: list = field(default_factory=list)  # per rank: VmHWM (or the most VmRSS sampled) at its last mark
     baseline_bytes: list = field(default_factory=list)  # per rank: VmRSS once it had read its inputs
     wire: dict = field(default_factory=dict)  # {"bytes", "connections"} in all, or {"unavailable": why}
@@ -90,7 +91,7 @@ def decode(kind: str, value: dict) -> RankJob:
     return RankJob(
         kind=kind, n=len(value["ranks"]), status=value["status"], outputs=outputs,
         errors=[r["error"] for r in value["ranks"]], finished=list(value["finished"]),
-        marks={m[0]: (m[1], m[2]) for m in value["marks"]},
+        marks={m[0]: (m[1], m[2]) for m in value["marks"]}, cpu_s={m[0]: m[3] for m in value["marks"]},
         peak_bytes=[r["peak_bytes"] for r in value["ranks"]], baseline_bytes=[r["baseline_bytes"] for r in value["ranks"]],
         wire=value["wire"], kept_apart=value["kept_apart"], own_users=value["own_users"],
         duration_s=value["duration_s"],
@@ -183,3 +184,13 @@ def per_rank_in_phase(job: RankJob, case: str, phase: str, previous: str = "star
     if not job.own_users or not before or not after or before[1] is None or after[1] is None:
         return None  # ranks that share the grader's user: their sockets cannot say whose they are
     return [b - a for a, b in zip(before[1], after[1])]
+
+
+def cpu_in_phase(job: RankJob, previous: str, phase: str) -> list:
+    """The CPU seconds each rank used between its marks ``previous`` and ``phase`` (the
+    kernel's count, read by the launcher from outside the rank); None for a rank that did
+    not make both marks."""
+    before, after = job.cpu_s.get(previous), job.cpu_s.get(phase)
+    if before is None or after is None:
+        return [None] * job.n
+    return [None if a is None or b is None else b - a for a, b in zip(before, after)]

@@ -18,7 +18,9 @@ compares them with its own answer), its error if it raised, its peak resident
 memory above what it held when it had read its inputs (``VmHWM``, read by the
 launcher from ``/proc``), and with ``count_wire`` the bytes that crossed between
 the ranks by each ``mark``, in all and per rank (the kernel's TCP counters,
-``course.wire``, attributed by each socket's owner, the rank's user).
+``course.wire``, attributed by each socket's owner, the rank's user), and the CPU
+seconds each rank had used by each of its marks (the kernel's count of its threads'
+user and system time, ``/proc/PID/stat``), which nothing a rank does can lower.
 
 Each rank talks to the launcher over one connected unix socket, in frames of
 one kind byte, a 4-byte length and a body; the launcher reads the kind and the
@@ -129,8 +131,8 @@ def emit(value) -> None:
 
 def mark(name: str, ranks: int | None = None, timeout: float = 60) -> None:
     """Made by ranks 0 .. ``ranks`` - 1 (all by default), each once, with the same ``name``:
-    the launcher notes the bytes that have crossed and each rank's peak memory by then,
-    and each rank waits until it has."""
+    the launcher notes the bytes that have crossed, each rank's peak memory and the CPU
+    seconds each rank has used by then, and each rank waits until it has."""
     send(_channel, MARK, json.dumps({"name": name, "ranks": ranks}).encode())
     _channel.settimeout(timeout)
     try:
@@ -380,6 +382,17 @@ class _Rank:
         self.peak = max(self.peak, high, self.sampled)
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """User and system CPU seconds the process's threads have used (``/proc/PID/stat``,
+    fields 14 and 15, in clock ticks); None when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _status_bytes(pid: int, field: str) -> int:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -460,7 +473,8 @@ def launch(job: dict) -> dict:
                             seen.sample()
                         for member in group:
                             ranks[member].read_peak()
-                        marks.append([wanted["name"], *_crossed(seen, n)])
+                        cpu = [_cpu_seconds(ranks[r].pid) if r in group else None for r in range(n)]
+                        marks.append([wanted["name"], *_crossed(seen, n), cpu])
                         for member in sorted(group):
                             ranks[member].reader.send(GO)
                         del waiting[wanted["name"]]
