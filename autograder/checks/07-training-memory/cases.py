@@ -69,7 +69,7 @@ def scale_configs(seed):
         found.append(dict(layers=layers, hidden=hidden, heads=hidden // pick(rng, SCALE["head_dim"]),
                           seq=pick(rng, SCALE["seq"]), batch=pick(rng, SCALE["batch"]),
                           vocab=pick(rng, SCALE["vocab"]), dropout=pick(rng, SCALE["dropout"]),
-                          precision=PRECISIONS[k % 2], optimizer=OPTIMIZERS[k % 3], checkpointing=k % 4 >= 2))
+                          precision=PRECISIONS[k % 2], optimizer=OPTIMIZERS[k % 3], checkpointing=k % 4 in (1, 2)))
     return found
 
 

@@ -40,10 +40,12 @@ builds four 32-40-layer models on the meta device, then builds and runs their
 forward passes there, then imports the student's module and makes its estimates.
 The estimates may build the model (``count_parameters`` on the meta device is
 allowed: its docstring defines the count that way) but not run it: they must cost
-less than halfway between the two, plus 0.1 s. Measured on the 2-core machine
-under load, ten gradings: running cost 2.8-4.1 times building; the estimates of
-a traced run (``tests/fixtures/shortcut_07.py``) 1.6-1.9 times the budget, those
-that build the model to count it 0.36-0.52 times, the reference's 0.00 s. What
+less than halfway between the two, plus 0.1 s. A traced run costs at least what
+the grader's run does, and running costs about three times building, so it lands
+well above. Measured on the 2-core machine under load (21 gradings): running cost
+2.5-4.1 times building; the estimates of a traced run
+(``tests/fixtures/shortcut_07.py``) 1.4-1.8 times the budget, those that build the
+model to count it 0.27-0.41 times, the reference's 0.00 s. What
 it cannot tell apart: a trace of one block, scaled by L, passes (0.17 s against a
 1 s budget); an estimator that builds the model three times or more per estimate
 is refused as if it ran it.
