@@ -7,8 +7,9 @@ from the grader, and the grader compares (``oracles.py``, in its own process).
   models too large to run in another);
 - ``estimates_rank``: the estimates for the 1-7B models again, in a rank job of one
   rank, so that the launcher counts, from outside the process, the CPU seconds of
-  three phases: building the same models on the meta device, building and running
-  their forward passes there (what a traced run costs), and the student's estimates;
+  three phases: building the same models on the meta device, running their forward
+  passes there (with the building, what a traced run costs), and the student's
+  estimates;
 - ``profile_runs``: the student's ``profile_step`` on a TinyGPT with the weights and
   batch the grader sent, without and with checkpointing; the parameters after it
   go back to the grader, which replays the same step.
@@ -58,9 +59,8 @@ def _meta_model(config):
         return model.to(torch.float32 if config["precision"] == "fp32" else torch.bfloat16).train()
 
 
-def _run_on_meta(config):
+def _run_on_meta(model, config):
     """A forward pass on the meta device: what a traced run costs, without its answer."""
-    model = _meta_model(config)
     with torch.device("meta"):
         tokens = torch.zeros(config["batch"], config["seq"], dtype=torch.long)
     model(tokens, tokens)
@@ -68,15 +68,15 @@ def _run_on_meta(config):
 
 def estimates_rank(configs):
     """A rank job of one rank, whose CPU seconds the launcher counts by each mark: "built"
-    (the models built on the meta device), "ran" (built and run there), then "estimated"
-    (the student's module imported and its estimates made). Returns the estimates."""
+    (the models built on the meta device), "ran" (their forward passes run there), then
+    "estimated" (the student's module imported and its estimates made). Returns the estimates."""
     ranks.mark("start")
-    for config in configs:
-        _meta_model(config)
+    models = [_meta_model(config) for config in configs]
     ranks.mark("built")
-    for config in configs:
-        _run_on_meta(config)
+    for model, config in zip(models, configs):
+        _run_on_meta(model, config)
     ranks.mark("ran")
+    del models
     import memory_budget as student
 
     answers = [{name: _attempt(getattr(student, name), dict(config)) for name in TIMED} for config in configs]
