@@ -95,7 +95,7 @@ def _answers(submission, seed, config):
 
 
 def _answer(submission, seed, config, name, answers=None):
-    found = (answers or _answers(submission, seed, config))[name]
+    found = (answers if answers is not None else _answers(submission, seed, config))[name]
     return _unwrap(found, f"{name}({cases.describe(config)})")
 
 
@@ -213,8 +213,9 @@ def check_published_full_recomputation(submission, seed):
             f"sbh(34 + 5as/h) - 2sbh = {want} bytes, got {full} - {kept} = {full - kept}")
 
 
-def _expect_activations(submission, seed, configs, want_of, source, answers_of=lambda config: None):
-    """Every estimate within the tolerance of ``want_of(config)``; the failure shows them all."""
+def _expect_activations(submission, seed, configs, want_of, source, label, answers_of=lambda config: None):
+    """Every estimate within the tolerance of ``want_of(config)`` (``source`` says what that is, ``label``
+    in a word); the failure shows them all."""
     _estimate(submission, seed, configs[0], answers_of(configs[0]))  # a stub fails here, before the traced runs
     ratios = []
     for config in configs:
@@ -226,8 +227,8 @@ def _expect_activations(submission, seed, configs, want_of, source, answers_of=l
         by_seq = ", ".join(f"s={c['seq']} {c['precision']}: {r:.2f}x" for c, _, _, r in ratios)
         raise AssertionError(
             f"activations for {cases.describe(config)}: estimated {got} bytes, {source} {want} for backward "
-            f"({ratio:.2f}x; within ±{ACTIVATION_TOLERANCE:.0%} expected). Estimate / {source.split(',')[0]} for "
-            f"every shape: {by_seq}" + _activation_hint(config, ratio))
+            f"({ratio:.2f}x; within ±{ACTIVATION_TOLERANCE:.0%} expected). Estimate / {label} for every shape: "
+            f"{by_seq}" + _activation_hint(config, ratio))
 
 
 def _activation_hint(config, ratio):
@@ -242,7 +243,8 @@ def _activation_hint(config, ratio):
 def _expect_traced(submission, seed, checkpointing):
     configs = [c for c in cases.small_configs(seed) if c["optimizer"] == "adam" and c["checkpointing"] == checkpointing]
     _expect_activations(submission, seed, configs, lambda config: submission.once(
-        ("traced", repr(config)), lambda: oracles.traced_activations(config)), "a traced forward pass saves")
+        ("traced", repr(config)), lambda: oracles.traced_activations(config)), "a traced forward pass saves",
+        "traced")
 
 
 @pytest.mark.points(3)
@@ -281,7 +283,7 @@ def _expect_scale(submission, seed, configs, answers_of=lambda config: None):
                 f"{key} for {cases.describe(config)}: estimated {got[key]} bytes, {numel} parameters at {per} bytes "
                 f"each (as torch holds them after a step) are {numel * per}")
     _expect_activations(submission, seed, configs, lambda config: _fit(submission, config).bytes(config),
-                        "its structure (fitted exactly on small traced runs) saves", answers_of)
+                        "its structure (fitted exactly on small traced runs) saves", "structure", answers_of)
     for config in configs:
         got = _answer(submission, seed, config, "activation_bytes_per_layer", answers_of(config))
         want = _fit(submission, dict(config, checkpointing=False)).per_block(config)
