@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from autograder.grading.labs import find_lab
-from autograder.grading.rank_jobs import crossed_in_phases, held_at, peak_in_phase, per_rank_in_phase, run_cases
+from autograder.grading.rank_jobs import cpu_in_phase, crossed_in_phases, held_at, peak_in_phase, per_rank_in_phase, run_cases
 from autograder.grading.runner import child_environment
 from autograder.grading.submission import Submission
 from autograder.sandbox import Limits, isolation
@@ -103,3 +103,16 @@ def test_run_cases_reports_the_case_that_failed_and_runs_the_rest():
     assert [r["rank"] for r in out["ok-3"]["records"]] == [0, 1]
     assert out["stub"]["status"] == "not_implemented" and "torch_step" in out["stub"]["message"]
     assert out["hang"]["status"] == "timeout" and "likely deadlock" in out["hang"]["message"]
+
+
+def test_the_launcher_counts_each_ranks_cpu_seconds_between_marks():
+    submission = _submission("07")
+    try:
+        job = submission.rank_job("torch", "cpu_rank", [{"busy_s": 0.4, "sleep_s": 0.4}], timeout=60)
+    finally:
+        submission.close()
+    assert job.status == "ok", job.explain()
+    [busy], [slept] = cpu_in_phase(job, "start", "busy"), cpu_in_phase(job, "busy", "slept")
+    assert 0.35 <= busy <= 1.0, busy  # its own CPU time, read from outside; a busy machine does not add to it
+    assert slept < 0.1, slept  # asleep: wall time passes, CPU time does not
+    assert cpu_in_phase(job, "start", "never made") == [None]

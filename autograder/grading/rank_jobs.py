@@ -38,6 +38,7 @@ class RankJob:
     # name -> per rank, [VmRSS at the mark, VmHWM since the last mark that started it afresh] (None: not in the mark)
     memory: dict = field(default_factory=dict)
     fresh_peaks: set = field(default_factory=set)  # the marks at which every rank's high-water mark started afresh
+    cpu_s: dict = field(default_factory=dict)  # name -> [CPU seconds each rank had used by then; None: not its mark]
     peak_bytes: list = field(default_factory=list)  # per rank: VmHWM (or the most VmRSS sampled) over the whole job
     baseline_bytes: list = field(default_factory=list)  # per rank: VmRSS once it had read its inputs
     wire: dict = field(default_factory=dict)  # {"bytes", "connections"} in all, or {"unavailable": why}
@@ -95,6 +96,7 @@ def decode(kind: str, value: dict) -> RankJob:
         errors=[r["error"] for r in value["ranks"]], finished=list(value["finished"]),
         marks={m[0]: (m[1], m[2]) for m in value["marks"]},
         memory={m[0]: m[3] for m in value["marks"]}, fresh_peaks={m[0] for m in value["marks"] if m[4]},
+        cpu_s={m[0]: m[5] for m in value["marks"]},
         peak_bytes=[r["peak_bytes"] for r in value["ranks"]], baseline_bytes=[r["baseline_bytes"] for r in value["ranks"]],
         wire=value["wire"], kept_apart=value["kept_apart"], own_users=value["own_users"],
         duration_s=value["duration_s"],
@@ -207,3 +209,13 @@ def peak_in_phase(job: RankJob, start: str, end: str) -> tuple[list, bool] | Non
     return ([None if a is None or b is None else a[1] - b[0] for b, a in zip(before, after)],
             start in job.fresh_peaks)
 
+
+
+def cpu_in_phase(job: RankJob, previous: str, phase: str) -> list:
+    """The CPU seconds each rank used between its marks ``previous`` and ``phase`` (the
+    kernel's count, read by the launcher from outside the rank); None for a rank that did
+    not make both marks."""
+    before, after = job.cpu_s.get(previous), job.cpu_s.get(phase)
+    if before is None or after is None:
+        return [None] * job.n
+    return [None if a is None or b is None else b - a for a, b in zip(before, after)]

@@ -20,7 +20,9 @@ launcher from ``/proc``), at each ``mark`` what each rank held (``VmRSS``) and i
 peak since the last mark that started the peaks afresh (``fresh_peak``: the
 launcher writes the rank's ``clear_refs``), and with ``count_wire`` the bytes that
 crossed between the ranks by each ``mark``, in all and per rank (the kernel's TCP
-counters, ``course.wire``, attributed by each socket's owner, the rank's user).
+counters, ``course.wire``, attributed by each socket's owner, the rank's user),
+and the CPU seconds each rank had used by each of its marks (the kernel's count of
+its threads' user and system time, ``/proc/PID/stat``), which nothing a rank does can lower.
 
 Each rank talks to the launcher over one connected unix socket, in frames of
 one kind byte, a 4-byte length and a body; the launcher reads the kind and the
@@ -132,7 +134,7 @@ def emit(value) -> None:
 def mark(name: str, ranks: int | None = None, timeout: float = 60, fresh_peak: bool = False) -> None:
     """Made by ranks 0 .. ``ranks`` - 1 (all by default), each once, with the same ``name``:
     the launcher notes the bytes that have crossed, and each rank's resident memory and
-    peak memory by then, and each rank waits until it has. With ``fresh_peak`` the
+    peak memory and the CPU seconds it has used by then, and each rank waits until it has. With ``fresh_peak`` the
     launcher then starts each rank's high-water mark afresh at what it holds now, so that
     the next mark's peak is that phase's own, not an earlier phase's."""
     send(_channel, MARK, json.dumps({"name": name, "ranks": ranks, "fresh_peak": fresh_peak}).encode())
@@ -399,6 +401,17 @@ class _Rank:
         return True
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """User and system CPU seconds the process's threads have used (``/proc/PID/stat``,
+    fields 14 and 15, in clock ticks); None when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _status_bytes(pid: int, *fields: str):
     """Each field of ``/proc/PID/status`` in bytes (0 where it cannot be read): one value for
     one field, else a list."""
@@ -487,7 +500,8 @@ def launch(job: dict) -> dict:
                             memory[member] = ranks[member].read_memory()
                             if wanted.get("fresh_peak"):
                                 fresh = ranks[member].restart_peak() and fresh
-                        marks.append([wanted["name"], *_crossed(seen, n), memory, fresh])
+                        cpu = [_cpu_seconds(ranks[r].pid) if r in group else None for r in range(n)]
+                        marks.append([wanted["name"], *_crossed(seen, n), memory, fresh, cpu])
                         for member in sorted(group):
                             ranks[member].reader.send(GO)
                         del waiting[wanted["name"]]
