@@ -9,6 +9,7 @@ Spearman's ρ behaves as the ranking check's docstring says.
 ``python tests/test_13_hybrid_parallel.py`` rewrites expected.json from the
 hidden oracles (after a change to them or to the public checks' cases)."""
 import importlib.util
+import itertools
 import json
 import math
 import time
@@ -22,7 +23,7 @@ from course import fits
 
 LAB = "13-hybrid-parallel"
 CHECKS = REPO / "autograder" / "checks" / LAB
-checks = load_check_file(LAB, "check_planner")
+cases = load_check_file(LAB, "planner_cases")
 oracles = load_check_file(LAB, "oracles_hidden")
 hidden_checks = load_check_file(LAB, "check_planner_hidden")
 hybrid_harness = load_check_file(LAB, "harness_hybrid")
@@ -40,7 +41,7 @@ def test_module07_peak_is_module_07s_estimate():
                                                   / "memory_budget.py")
     lab07 = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(lab07)
-    for name, plan, model, _ in checks.MODULE07:
+    for name, plan, model, _ in cases.COST["module 07"]:
         config = dict(model, checkpointing=plan["recompute"][0] == "full")
         assert oracles.module07_peak(config) == lab07.estimate_train_memory(config)["peak"], name
 
@@ -51,7 +52,7 @@ def test_cost_by_hand_on_two_stages():
              "precision": "fp32", "optimizer": "sgd"}
     where = {"nodes": [{"devices": 1, "flops": 1e12, "memory": 1e9}] * 2,
              "intra": {"alpha": 1.0, "beta": 0.5}, "inter": {"alpha": 1e-6, "beta": 1e-9}}
-    plan = checks.plan(1, 1, 2, 2, [2, 1], ["none", "full", "selective"])
+    plan = cases.plan(1, 1, 2, 2, [2, 1], ["none", "full", "selective"])
     got = oracles.cost(plan, model, where)
     layer = 24 * 4 * 8 * 8 + 4 * 4 * 4 * 8  # 24bsh² + 4bs²h with b = 1
     head, attention = 2 * 4 * 8 * 16, 4 * 4 * 4 * 8
@@ -72,8 +73,8 @@ def test_cost_by_hand_on_two_stages():
 
 @pytest.mark.parametrize("devices, layers, budgets", [(2, 3, (8e10, 6e9, 4e9, 3e9)), (4, 2, (8e10, 3e9, 2e9, 1.5e9))])
 def test_best_plan_by_stage_counts_equals_every_plan_per_layer(devices, layers, budgets):
-    model = checks.gpt(layers=layers, hidden=2048, heads=16, seq=4096, batch=2, vocab=32000)
-    where = checks.cluster({"devices": devices, "flops": 3e14, "memory": 8e10})
+    model = cases.gpt(layers=layers, hidden=2048, heads=16, seq=4096, batch=2, vocab=32000)
+    where = cases.cluster({"devices": devices, "flops": 3e14, "memory": 8e10})
     times = []
     for budget in budgets:
         fast, slow = oracles.best_plan(model, where, budget), oracles.best_plan_per_layer(model, where, budget)
@@ -85,13 +86,98 @@ def test_best_plan_by_stage_counts_equals_every_plan_per_layer(devices, layers, 
 def test_the_search_cases_bind_the_budget_and_differ():
     """Each tight budget changes the best plan: a search that ignored memory would be caught."""
     for prefix in ("8 devices", "6 layers", "two speeds"):
-        names = [n for n in checks.SEARCH_BY_NAME if n.startswith(prefix)]
-        bests = [oracles.best_plan(*checks.SEARCH_BY_NAME[n][1:4])[0] for n in names]
+        names = [n for n in cases.SEARCH_BY_NAME if n.startswith(prefix)]
+        bests = [oracles.best_plan(*cases.SEARCH_BY_NAME[n][1:4])[0] for n in names]
         assert len(set(bests)) == len(bests), (prefix, bests)
-    for name, model, where, budget, _ in hidden_checks.SEARCHES:  # the hidden ones: each budget binds
-        assert oracles.best_plan(model, where, budget)[0] > oracles.best_plan(model, where, 1e13)[0] > 0, name
-    public = {(repr(m), repr(w), b) for _, m, w, b, _ in checks.SEARCHES}
-    assert not public & {(repr(m), repr(w), b) for _, m, w, b, _ in hidden_checks.SEARCHES}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_drawn_search_budgets_bind_and_nothing_fits_just_below_the_least_memory(seed):
+    """Every drawn budget binds (the best plan within it is slower than without it), the drawn
+    one-device case's own memory binds, and the pair of 'nothing fits' lies just either side of
+    the least memory any plan needs; the hidden check's four too."""
+    drawn = cases.drawn_searches(seed, oracles)
+    assert {kind: len(found) for kind, found in drawn.items()} == {
+        "8 devices": 2, "16 devices": 1, "6 layers": 2, "two speeds": 2, "1 device": 1, "nothing fits": 2,
+        "32 devices": 1}
+    more = hidden_checks._searches(seed)
+    assert len(more) == 4
+    for name, model, where, budget, _ in [case for found in drawn.values() for case in found] + more:
+        best = oracles.best_plan(model, where, budget)[0]
+        if name.startswith("nothing fits"):
+            assert best == math.inf, name
+            continue
+        free = cases._unbounded(where) if name.startswith("1 device") else where
+        assert oracles.best_plan(model, free, math.inf)[0] * (1 + 1e-9) < best < math.inf, name
+    public = {(repr(m), repr(w), b) for _, m, w, b, _ in cases.SEARCHES}
+    assert not public & {(repr(m), repr(w), b) for found in drawn.values() for _, m, w, b, _ in found}
+
+
+def test_least_memory_is_the_least_of_every_plan_per_layer():
+    model = cases.gpt(layers=3, hidden=2048, heads=16, seq=4096, batch=2, vocab=32000)
+    where = cases.cluster({"devices": 2, "flops": 3e14, "memory": 8e10})
+    least = math.inf
+    for dp, tp, pp, m in oracles.shapes(model, 2):
+        for zero, schedule, cut, kinds in itertools.product(range(4), ("1f1b", "gpipe"),
+                                                           oracles.compositions(3, pp),
+                                                           itertools.product(oracles.STRATEGIES, repeat=3)):
+            plan = cases.plan(dp, tp, pp, m, cut, list(kinds), zero=zero, schedule=schedule)
+            least = min(least, oracles.cost(plan, model, where)["memory"])
+    assert oracles.least_memory(model, where) == least
+    assert oracles.best_plan(model, where, least)[1] is not None
+    assert oracles.best_plan(model, where, least * (1 - 1e-9)) == (math.inf, None)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_drawn_cost_cases_are_valid_plans_but_the_invalid_ones_each_break_their_rule(seed):
+    drawn = cases.drawn_costs(seed)
+    assert {kind: len(found) for kind, found in drawn.items()} == {
+        "module 07": 4, "zero": 8, "in flight": 2, "recompute": 2, "tp": 2, "dp": 4, "pipeline": 3,
+        "two speeds": 2, "invalid": 5}
+    names = [name for found in drawn.values() for name, *_ in found]
+    assert len(set(names)) == len(names) and not set(names) & {c[0] for c in cases.COST_CASES}
+    rules = {"dp·tp·pp is not": "is not a shape", "tp does not divide": "is not a shape",
+             "microbatches do not": "is not a shape", "a stage without": "must give each", "an unknown": "recompute"}
+    for kind, found in drawn.items():
+        for name, plan, model, where in found:
+            problem = cases.oracles.problem_with(plan, model, where)
+            if kind == "invalid":
+                assert problem and rules[next(r for r in rules if name.startswith(r))] in problem, (name, problem)
+            else:
+                assert problem is None, (name, problem)
+                assert oracles.cost(plan, model, where)["time"] > 0
+    assert cases.drawn_costs(seed) == drawn  # the same seed draws the same cases
+    assert cases.drawn_costs(seed + 100) != drawn
+
+
+def test_public_checks_grade_public_cases_only_without_the_hidden_oracles(tmp_path):
+    """In the student repository (k2c release leaves oracles_hidden.py out), the public
+    checks load, grade the public cases and the drawn invalid plans, and say so."""
+    import shutil
+    import warnings
+
+    from autograder.grading.checking import load_beside
+
+    copy = tmp_path / "13-hybrid-parallel-released"
+    shutil.copytree(CHECKS, copy, ignore=shutil.ignore_patterns("*_hidden.py", "__pycache__"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
+        public = load_beside(str(copy / "check_planner.py"), "check_planner")
+    assert public.hidden is None
+
+    class Submission:
+        def once(self, key, compute):
+            return compute()
+
+    costs = public.graded_costs(Submission(), 7)
+    assert {k: len(v) for k, v in costs["cases"].items()} == {k: len(v) for k, v in cases.COST.items()
+                                                              if k != "invalid"} | {"invalid": 10}
+    assert len(costs["drawn"]) == 5 and costs["want"] == public.EXPECTED["cost"]
+    searches = public.graded_searches(Submission(), 7)
+    assert sum(map(len, searches["cases"].values())) == len(cases.SEARCHES) and not searches["drawn"]
+    metrics = {}
+    public._count(metrics, costs, costs["cases"]["zero"])
+    assert metrics == {"public cases": 8, "drawn cases": public.NOT_HERE}
 
 
 def test_a_search_that_never_returns_costs_its_own_check(tmp_path):
@@ -185,14 +271,14 @@ def test_ranked_plans_use_four_devices_and_differ():
 def expected_table():
     """What expected.json holds: the hidden oracles' answers for the public checks' cases."""
     cost = {}
-    for name, plan, model, where in checks.COST_CASES:
-        if name in dict((c[0], c) for c in checks.INVALID):
+    for name, plan, model, where in cases.COST_CASES:
+        if name in dict((c[0], c) for c in cases.COST["invalid"]):
             continue
         got = oracles.cost(plan, model, where)
         cost[name] = {**{k: got[k] for k in ("time", "pipeline", "bubble", "memory")},
-                      "stages": [{k: st[k] for k in checks.STAGE_FIELDS} for st in got["stages"]]}
+                      "stages": [{k: st[k] for k in cases.STAGE_FIELDS} for st in got["stages"]]}
     search = {}
-    for name, model, where, budget, _ in checks.SEARCHES:
+    for name, model, where, budget, _ in cases.SEARCHES:
         if name == "nothing fits":
             continue
         find = oracles.best_uniform_plan if name == "64 devices, 32 layers" else oracles.best_plan
@@ -204,12 +290,12 @@ def expected_table():
 def test_the_public_table_is_the_hidden_oracles_answers():
     stored = json.loads((CHECKS / "expected.json").read_text())
     assert stored == expected_table(), "expected.json is stale: run python tests/test_13_hybrid_parallel.py"
-    assert oracles.best_plan(*checks.SEARCH_BY_NAME["nothing fits"][1:4]) == (math.inf, None)
+    assert oracles.best_plan(*cases.SEARCH_BY_NAME["nothing fits"][1:4]) == (math.inf, None)
 
 
 def _one_case_a_line(table):
-    parts = [",\n".join(f"  {json.dumps(name)}: {json.dumps(value)}" for name, value in cases.items())
-             for cases in table.values()]
+    parts = [",\n".join(f"  {json.dumps(name)}: {json.dumps(value)}" for name, value in entries.items())
+             for entries in table.values()]
     return "{\n" + ",\n".join(f" {json.dumps(kind)}: {{\n{part}\n }}" for kind, part in zip(table, parts)) + "\n}\n"
 
 
