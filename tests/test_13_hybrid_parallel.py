@@ -26,6 +26,7 @@ CHECKS = REPO / "autograder" / "checks" / LAB
 cases = load_check_file(LAB, "planner_cases")
 oracles = load_check_file(LAB, "oracles_hidden")
 hidden_checks = load_check_file(LAB, "check_planner_hidden")
+run_plan_oracles = load_check_file(LAB, "run_plan_oracles")
 hybrid_harness = load_check_file(LAB, "harness_hybrid")
 hybrid_checks = load_check_file(LAB, "check_hybrid")
 
@@ -201,10 +202,10 @@ def test_a_search_that_never_returns_costs_its_own_check(tmp_path):
 
 def test_oracle_trains_tinygpt_as_its_own_loss_does():
     model = dict(hybrid_checks.gpt(), steps=2)
-    losses, params = hybrid_harness.single_process(model)
-    gpt = hybrid_harness._dense(model)  # the same start: torch.manual_seed(seed), float32, cast to float64
+    losses, params = run_plan_oracles.single_process(model)
+    gpt = run_plan_oracles.dense(model)  # the same start: torch.manual_seed(seed), float32, cast to float64
     optimizer = torch.optim.SGD(gpt.parameters(), lr=model["lr"])
-    tokens, targets = hybrid_harness._data(model)
+    tokens, targets = run_plan_oracles.data(model)
     for step in range(2):
         loss = gpt(tokens[step], targets[step])  # TinyGPT's own loss (computed in float32)
         assert loss.item() == pytest.approx(losses[step], rel=1e-6)
@@ -217,10 +218,10 @@ def test_oracle_trains_tinygpt_as_its_own_loss_does():
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_shards_reassemble_every_dense_parameter(tp):
-    gpt = hybrid_harness._dense(hybrid_checks.gpt())
+    gpt = run_plan_oracles.dense(hybrid_checks.gpt())
     h = gpt.config.hidden
     for name, p in gpt.named_parameters():
-        parts = [hybrid_harness.shard(name, p.detach(), t, tp) for t in range(tp)]
+        parts = [run_plan_oracles.shard(name, p.detach(), t, tp) for t in range(tp)]
         if name.endswith(("qkv.weight", "qkv.bias")):  # each rank: its heads of q, then of k, then of v
             whole = torch.cat([torch.cat([part.chunk(3)[i] for part in parts]) for i in range(3)])
         elif name.endswith(("proj.weight", "fc2.weight")):
@@ -233,6 +234,64 @@ def test_shards_reassemble_every_dense_parameter(tp):
         assert torch.equal(whole, p.detach()), name
         if name.endswith("qkv.weight"):
             assert parts[0].shape == (3 * h // tp, h)
+
+
+def test_the_grader_compares_each_ranks_shards_with_single_process_training():
+    """What a rank sends back (harness_hybrid.returned, plain data) is compared in the grader:
+    the right shards differ by nothing, a shard of another tp rank or a nudged weight shows."""
+    model, plan = hybrid_checks.gpt(steps=1), hybrid_checks.plan(2, 2)
+    _, params = run_plan_oracles.single_process(model)
+    for rank in range(4):
+        shards = {name: run_plan_oracles.shard(name, p, rank % 2, 2) for name, p in params.items()}
+        losses = run_plan_oracles.single_process(model)[0]
+        sent = hybrid_harness.returned({"losses": losses, "parameters": shards, "step_time_s": 0.1})
+        found = run_plan_oracles.compare(sent, plan, model, rank)
+        assert found["status"] == "ok" and found["tp_rank"] == rank % 2 and found["dp_rank"] == rank // 2
+        assert max(d for d, _ in found["params"].values()) == 0 and found["losses"][0] == found["losses"][1]
+    other = {name: run_plan_oracles.shard(name, p, 0, 2) for name, p in params.items()}  # tp rank 0's, on rank 1
+    found = run_plan_oracles.compare(hybrid_harness.returned({"losses": losses, "parameters": other}), plan, model,
+                                     1)
+    assert found["params"]["tok.weight"][0] > 1e-3 and found["params"]["pos"][0] == 0
+    nudged = dict(shards, **{"blocks.0.fc1.weight": shards["blocks.0.fc1.weight"] + 1e-8})
+    found = run_plan_oracles.compare(hybrid_harness.returned({"losses": losses, "parameters": nudged}), plan, model,
+                                     3)
+    assert found["params"]["blocks.0.fc1.weight"][0] == pytest.approx(1e-8) and 1e-8 > hybrid_checks.TOL
+    assert run_plan_oracles.compare(hybrid_harness.returned([1.0]), plan, model, 0)["status"] == "bad_result"
+    assert "no ['parameters']" in run_plan_oracles.compare(hybrid_harness.returned({"losses": losses}), plan, model,
+                                                          0)["message"]
+
+
+def test_each_case_and_grading_draws_its_own_model_seed():
+    drawn = hybrid_checks._drawn(11)
+    assert len({case["model"]["seed"] for case in drawn.values()}) == len(drawn)
+    assert drawn == hybrid_checks._drawn(11) and drawn != hybrid_checks._drawn(12)
+    assert all(dict(case["model"], seed=13) == hybrid_checks.CASES[name]["model"] for name, case in drawn.items())
+
+
+def test_step_times_are_the_launchers_gaps_between_optimizer_step_marks():
+    from autograder.grading.rank_jobs import RankJob
+
+    class Measured:
+        """A submission whose measuring job returns a made-up launch: the launcher's mark times."""
+        def rank_job(self, kind, func, inputs, **_):
+            entries = inputs[0]
+            marks, outputs = {}, [[{"case": "machine", "flops": 1e10 + r,
+                                    "allreduce": [(p, n, 2 * (p - 1) * (1e-4 + n / p * 1e-9)) for p in (2, 4)
+                                                  for n in (1e3, 1e6)]}] for r in range(4)]
+            for i, entry in enumerate(entries):
+                steps = entry["model"]["steps"]
+                made = steps if i != 2 else steps - 1  # plan 2: one optimizer step too few
+                for k in range(1, made + 1):
+                    marks[f"{entry['case']}:step {k}"] = 10 * i + k * (0.1 * (i + 1)) + (0.05 if k >= 2 else 0)  # step 2 slowed
+                for r in range(4):
+                    outputs[r].append({"case": entry["case"], "steps": made, "reported_s": 9.0})
+            return RankJob("torch", 4, "ok", outputs=outputs, mark_times=marks)
+
+    measured = hybrid_checks.measure(Measured())
+    times = measured["step_time_s"]
+    assert times[2] is None and times[0] == pytest.approx(0.1) and times[5] == pytest.approx(0.6)
+    assert measured["reported_s"] == [9.0] * 6 and measured["flops"] == pytest.approx(1e10 + 1.5)
+    assert measured["alpha"] == pytest.approx(1e-4) and measured["beta"] == pytest.approx(1e-9)
 
 
 def test_alpha_beta_fit_recovers_a_ring():

@@ -70,6 +70,9 @@ def test_the_launcher_measures_bytes_per_rank_and_peak_memory(pried):
         assert all(sent >= (3 - 1) / 3 * nbytes for sent in per_rank), per_rank
     held = [peak - base for peak, base in zip(job.peak_bytes, job.baseline_bytes)]
     assert all(h >= 90 * 2**20 for h in held), held  # the 96 MiB each held, clear_refs notwithstanding
+    # and its clock at each mark: the 0.2 s each rank slept between them, timed from outside
+    assert 0 < job.mark_times["sum:start"] < job.mark_times["sum:start"] + 0.2 <= job.mark_times["sum:done"]
+    assert job.mark_times["sum:done"] <= job.duration_s
     assert job.memory_tampered == []
 
 

@@ -35,6 +35,7 @@ class RankJob:
     errors: list = field(default_factory=list)  # per rank: None, or {"status", "message", "type", "where"}
     finished: list = field(default_factory=list)
     marks: dict = field(default_factory=dict)  # name -> (bytes crossed by then, [bytes each rank had sent])
+    mark_times: dict = field(default_factory=dict)  # name -> seconds since the job started (the launcher's clock)
     peak_bytes: list = field(default_factory=list)  # per rank: VmHWM (or the most VmRSS sampled) at its last mark
     baseline_bytes: list = field(default_factory=list)  # per rank: VmRSS once it had read its inputs
     wire: dict = field(default_factory=dict)  # {"bytes", "connections"} in all, or {"unavailable": why}
@@ -90,7 +91,7 @@ def decode(kind: str, value: dict) -> RankJob:
     return RankJob(
         kind=kind, n=len(value["ranks"]), status=value["status"], outputs=outputs,
         errors=[r["error"] for r in value["ranks"]], finished=list(value["finished"]),
-        marks={m[0]: (m[1], m[2]) for m in value["marks"]},
+        marks={m[0]: (m[1], m[2]) for m in value["marks"]}, mark_times={m[0]: m[3] for m in value["marks"]},
         peak_bytes=[r["peak_bytes"] for r in value["ranks"]], baseline_bytes=[r["baseline_bytes"] for r in value["ranks"]],
         wire=value["wire"], kept_apart=value["kept_apart"], own_users=value["own_users"],
         duration_s=value["duration_s"],

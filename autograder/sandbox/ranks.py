@@ -18,7 +18,8 @@ compares them with its own answer), its error if it raised, its peak resident
 memory above what it held when it had read its inputs (``VmHWM``, read by the
 launcher from ``/proc``), and with ``count_wire`` the bytes that crossed between
 the ranks by each ``mark``, in all and per rank (the kernel's TCP counters,
-``course.wire``, attributed by each socket's owner, the rank's user).
+``course.wire``, attributed by each socket's owner, the rank's user), and the
+launcher's clock at each mark.
 
 Each rank talks to the launcher over one connected unix socket, in frames of
 one kind byte, a 4-byte length and a body; the launcher reads the kind and the
@@ -129,8 +130,8 @@ def emit(value) -> None:
 
 def mark(name: str, ranks: int | None = None, timeout: float = 60) -> None:
     """Made by ranks 0 .. ``ranks`` - 1 (all by default), each once, with the same ``name``:
-    the launcher notes the bytes that have crossed and each rank's peak memory by then,
-    and each rank waits until it has."""
+    the launcher notes the bytes that have crossed, each rank's peak memory and the time by
+    then (its own clock, when the last of them made the mark), and each rank waits until it has."""
     send(_channel, MARK, json.dumps({"name": name, "ranks": ranks}).encode())
     _channel.settimeout(timeout)
     try:
@@ -460,7 +461,9 @@ def launch(job: dict) -> dict:
                             seen.sample()
                         for member in group:
                             ranks[member].read_peak()
-                        marks.append([wanted["name"], *_crossed(seen, n)])
+                        # the launcher's clock when the last rank made it: a step timed between
+                        # marks is timed from outside the ranks
+                        marks.append([wanted["name"], *_crossed(seen, n), time.monotonic() - start])
                         for member in sorted(group):
                             ranks[member].reader.send(GO)
                         del waiting[wanted["name"]]
