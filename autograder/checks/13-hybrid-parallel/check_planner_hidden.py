@@ -26,6 +26,7 @@ from autograder.grading.submission import not_implemented_yet
 cases = load_beside(__file__, "planner_cases")
 oracles = load_beside(__file__, "oracles_hidden")
 gpt, plan, REL = cases.gpt, cases.plan, 1e-9
+DRAWN = "drawn from this grading's seed"
 CLUSTERS = {"8 devices": cases.NODE, "16 devices": cases.TWO_NODES, "two speeds": cases.TWO_SPEEDS,
             "2 devices": cases.PAIR}
 
@@ -46,18 +47,19 @@ def _random_plans(seed, count=30):
         dp, tp, pp, m = pick(rng, shapes)
         p = plan(dp, tp, pp, m, cases.any_cut(rng, model["layers"], pp), cases.any_strategies(rng, model["layers"]),
                  zero=int(rng.integers(4)), schedule=pick(rng, ["1f1b", "gpipe"]))
-        found.append((f"random plan {len(found)}", p, model, where))
+        found.append((f"random plan {len(found)} ({DRAWN})", p, model, where))
     return found
 
 
 def _searches(seed):
     """(name, model, cluster, budget, limit): one model on each cluster, its budget binding."""
-    found = []
-    for label, where in CLUSTERS.items():
-        found += cases.drawn_search(oracles, seeds.rng(seed, "13", "hidden search", label), label, lambda r: gpt(
-            layers=int(r.integers(3, 7)), hidden=cases.pick(r, [1024, 2048, 4096]), heads=16,
-            seq=cases.pick(r, [1024, 2048, 4096]), batch=cases.pick(r, [4, 8, 16]), vocab=32000), where, 1)
-    return found
+    def model(rng):
+        return gpt(layers=int(rng.integers(3, 7)), hidden=cases.pick(rng, [1024, 2048, 4096]), heads=16,
+                   seq=cases.pick(rng, [1024, 2048, 4096]), batch=cases.pick(rng, [4, 8, 16]), vocab=32000)
+
+    return [case for label, where in CLUSTERS.items()
+            for case in cases.drawn_search(oracles, seeds.rng(seed, "13", "hidden search", label), f"{label}, {DRAWN}",
+                                           model, where, 1)]
 
 
 def _answers(submission, seed, kind):

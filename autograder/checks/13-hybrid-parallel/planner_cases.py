@@ -266,7 +266,7 @@ def drawn_search(hidden, rng, label, make_model, where, count, limit=SMALL):
         model = make_model(rng)
         budgets = _binding_budgets(hidden, rng, model, where, count)
         if budgets:
-            return [(f"{label}, drawn, {b:.4g} B", model, where, b, limit) for b in sorted(budgets)]
+            return [(f"{label}, {b:.4g} B", model, where, b, limit) for b in sorted(budgets)]
     raise RuntimeError(f"no binding budget drawn for {label}: the drawn sizes need looking at")
 
 
@@ -297,18 +297,18 @@ def drawn_searches(seed, hidden):
         return seeds.rng(seed, "13", "search", kind)
 
     return {
-        "8 devices": drawn_search(hidden, rng("8 devices"), "8 devices", lambda r: gpt(
+        "8 devices": drawn_search(hidden, rng("8 devices"), "8 devices, drawn", lambda r: gpt(
             layers=int(r.integers(3, 6)), hidden=pick(r, [2048, 4096]), seq=pick(r, [1024, 2048]),
             batch=pick(r, [8, 16])), NODE, 2),
-        "16 devices": drawn_search(hidden, rng("16 devices"), "16 devices", lambda r: gpt(
+        "16 devices": drawn_search(hidden, rng("16 devices"), "16 devices, drawn", lambda r: gpt(
             layers=int(r.integers(3, 6)), seq=1024, batch=32), TWO_NODES, 1),
-        "6 layers": drawn_search(hidden, rng("6 layers"), "per-layer strategies on 2 devices", lambda r: gpt(
+        "6 layers": drawn_search(hidden, rng("6 layers"), "per-layer strategies on 2 devices, drawn", lambda r: gpt(
             layers=int(r.integers(4, 7)), hidden=2048, heads=16, seq=pick(r, [2048, 4096]), batch=2,
             vocab=32000), PAIR, 2),
-        "two speeds": drawn_search(hidden, rng("two speeds"), "two speeds", lambda r: gpt(
+        "two speeds": drawn_search(hidden, rng("two speeds"), "two speeds, drawn", lambda r: gpt(
             layers=int(r.integers(4, 7)), hidden=2048, heads=16), TWO_SPEEDS, 2),
         "1 device": _one_device(hidden, rng("1 device")),
         "nothing fits": _nothing_fits(hidden, rng("nothing fits")),
-        "32 devices": drawn_search(hidden, rng("32 devices"), "32 devices", lambda r: gpt(
+        "32 devices": drawn_search(hidden, rng("32 devices"), "32 devices, drawn", lambda r: gpt(
             layers=int(r.integers(4, 7)), seq=2048, batch=32), FOUR_NODES, 1, LARGE),
     }
