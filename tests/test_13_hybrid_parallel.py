@@ -151,6 +151,24 @@ def test_drawn_cost_cases_are_valid_plans_but_the_invalid_ones_each_break_their_
     assert cases.drawn_costs(seed + 100) != drawn
 
 
+def test_ten_random_plans_exercise_one_term_each_whatever_the_seed():
+    """What lets tests/fixtures/buggy_13_planner.py claim, for every seed, which bugs the hidden
+    random plans catch: each term's plan has the shape and extras its term needs."""
+    for seed in range(12):
+        plans = hidden_checks._random_plans(seed)
+        assert len(plans) == 30 and len({name for name, *_ in plans}) == 30
+        for name, plan, model, where in plans:
+            assert oracles.problem_with(plan, model, where) is None, name
+        for (name, plan, model, where), (what, clusters, keep, need) in zip(plans, hidden_checks.TERMS):
+            assert what in name and where in clusters and keep(*(plan[k] for k in ("dp", "tp", "pp", "microbatches")))
+            assert plan["schedule"] == need.get("schedule", plan["schedule"])
+            assert "selective" in plan["recompute"] or not need.get("selective")
+            assert model["dropout"] == need.get("dropout", model["dropout"])
+            assert plan["zero"] in (need["zero"] if isinstance(need.get("zero"), tuple) else
+                                    (need.get("zero", plan["zero"]),))
+            assert plan["pp"] > 1 or model["layers"] > 1  # TP over several layers needs them in one stage
+
+
 def test_public_checks_grade_public_cases_only_without_the_hidden_oracles(tmp_path):
     """In the student repository (k2c release leaves oracles_hidden.py out), the public
     checks load, grade the public cases and the drawn invalid plans, and say so."""

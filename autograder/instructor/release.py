@@ -499,5 +499,7 @@ here changes only what you see. That copy also runs a few hidden checks, which
 are not in this repository: the same functions on other inputs, against the
 complete reference answers (the public checks give you feedback on every
 function; [the student guide](STUDENT-GUIDE.md#hidden-checks) lists what each
-lab's hidden checks test).
+lab's hidden checks test). In lab 13 it also grades, in each planner check,
+cases drawn for that grading; here those checks grade their public cases only,
+and say so ("drawn cases not graded here").
 """

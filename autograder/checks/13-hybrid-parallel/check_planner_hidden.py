@@ -8,6 +8,7 @@ from the grading's secret seed:
 
 - ``cost_model`` on 30 random plans (1-6 layers, 1-16 devices, one or two
   speeds, odd sizes) against the oracle's step time and every stage's memory;
+  ten of them each exercise one term of the model (``TERMS``) whatever the seed;
 - ``search`` on four more models, one on each cluster (8 devices, 16 on two
   nodes, two speeds, 2 devices), each with a budget that binds: a valid plan
   that fits by the oracle's memory, in the oracle's best time.
@@ -31,22 +32,56 @@ CLUSTERS = {"8 devices": cases.NODE, "16 devices": cases.TWO_NODES, "two speeds"
             "2 devices": cases.PAIR}
 
 
+# Ten of the random plans each exercise one term of the model, whatever the seed: (what, clusters,
+# which (dp, tp, pp, m) may be drawn, what else the plan or model must have).
+TERMS = [
+    ("one stage, replicated", (cases.NODE,), lambda dp, tp, pp, m: pp == 1 and dp > 1, {}),
+    ("1F1B with fewer microbatches than stages", (cases.NODE,), lambda dp, tp, pp, m: m < pp, {"schedule": "1f1b"}),
+    ("a selective layer with dropout", (cases.NODE, cases.PAIR), lambda *shape: True,
+     {"selective": True, "dropout": 0.1}),
+    ("tensor parallel over several layers", (cases.NODE,), lambda dp, tp, pp, m: tp > 1 and pp == 1, {}),
+    ("data parallel across nodes", (cases.TWO_NODES,), lambda dp, tp, pp, m: pp == 1 and dp > 1, {}),
+    ("ZeRO-3 with accumulation", (cases.NODE, cases.TWO_NODES), lambda dp, tp, pp, m: dp > 1 and m > 1, {"zero": 3}),
+    ("ZeRO over replicas", (cases.NODE,), lambda dp, tp, pp, m: dp > 1, {"zero": (1, 2, 3)}),
+    ("a pipeline of microbatches", (cases.NODE,), lambda dp, tp, pp, m: pp > 1 and m > 1, {}),
+    ("a stage on both speeds", (cases.TWO_SPEEDS,), lambda dp, tp, pp, m: pp == 1, {}),
+    ("stages that each all-reduce", (cases.NODE,), lambda dp, tp, pp, m: pp > 1 and dp > 1, {}),
+]
+
+
+def _random_plan(rng, clusters=None, keep=None, need=None):
+    """(plan, model, cluster): a random valid plan (at least 2 layers where its shape is kept by
+    ``keep``), with ``need``'s extras."""
+    pick, need = cases.pick, need or {}
+    while True:
+        model = gpt(layers=int(rng.integers(1 if keep is None else 2, 7)), hidden=pick(rng, [256, 1024, 2048]),
+                    heads=pick(rng, [4, 8, 16]), seq=pick(rng, [128, 1000, 2048]), batch=pick(rng, [3, 8, 12]),
+                    vocab=pick(rng, [1000, 50257]), dropout=need.get("dropout", pick(rng, [0.0, 0.1])),
+                    precision=pick(rng, ["fp32", "mixed"]), optimizer=pick(rng, ["adam", "sgd", "sgd_momentum"]))
+        where = pick(rng, clusters or [cases.ONE, cases.PAIR, cases.NODE, cases.TWO_SPEEDS, cases.TWO_NODES])
+        shapes = [s for s in oracles.shapes(model, sum(n["devices"] for n in where["nodes"]))
+                  if keep is None or keep(*s)]
+        if shapes:
+            break
+    dp, tp, pp, m = pick(rng, shapes)
+    kinds = cases.any_strategies(rng, model["layers"])
+    if need.get("selective"):
+        kinds[int(rng.integers(len(kinds)))] = "selective"
+    zero = need.get("zero", (0, 1, 2, 3))
+    p = plan(dp, tp, pp, m, cases.any_cut(rng, model["layers"], pp), kinds,
+             zero=zero if isinstance(zero, int) else pick(rng, list(zero)),
+             schedule=need.get("schedule", pick(rng, ["1f1b", "gpipe"])))
+    return p, model, where
+
+
 def _random_plans(seed, count=30):
-    rng = seeds.rng(seed, "13", "random plans")
-    pick = cases.pick
     found = []
+    for what, clusters, keep, need in TERMS:
+        p, model, where = _random_plan(seeds.rng(seed, "13", "random plans", what), clusters, keep, need)
+        found.append((f"random plan {len(found)}, {what} ({DRAWN})", p, model, where))
+    rng = seeds.rng(seed, "13", "random plans")
     while len(found) < count:
-        model = gpt(layers=int(rng.integers(1, 7)), hidden=pick(rng, [256, 1024, 2048]), heads=pick(rng, [4, 8, 16]),
-                    seq=pick(rng, [128, 1000, 2048]), batch=pick(rng, [3, 8, 12]), vocab=pick(rng, [1000, 50257]),
-                    dropout=pick(rng, [0.0, 0.1]), precision=pick(rng, ["fp32", "mixed"]),
-                    optimizer=pick(rng, ["adam", "sgd", "sgd_momentum"]))
-        where = pick(rng, [cases.ONE, cases.PAIR, cases.NODE, cases.TWO_SPEEDS, cases.TWO_NODES])
-        shapes = list(oracles.shapes(model, sum(n["devices"] for n in where["nodes"])))
-        if not shapes:
-            continue
-        dp, tp, pp, m = pick(rng, shapes)
-        p = plan(dp, tp, pp, m, cases.any_cut(rng, model["layers"], pp), cases.any_strategies(rng, model["layers"]),
-                 zero=int(rng.integers(4)), schedule=pick(rng, ["1f1b", "gpipe"]))
+        p, model, where = _random_plan(rng)
         found.append((f"random plan {len(found)} ({DRAWN})", p, model, where))
     return found
 
@@ -93,7 +128,7 @@ def check_cost_model_on_random_plans(submission, seed):
 
 @pytest.mark.points(2)
 def check_search_matches_brute_force_on_more_cases(submission, seed):
-    """search on four more models and budgets drawn from the seed: a plan that fits, in the exhaustive search's best time"""
+    """search on four more models and budgets drawn from the seed: a plan that fits, in the exhaustive best time"""
     for (name, model, where, budget, _), answers in _answers(submission, seed, "search"):
         if isinstance(answers, dict):  # a stub
             raise not_implemented_yet(answers["not_implemented"])

@@ -145,30 +145,24 @@ def _zero(rng, i):
     dp, layers = pick(rng, [2, 4, 8]), int(rng.integers(1, 5))
     model = gpt(layers=layers, hidden=pick(rng, [1024, 2048, 4096]), batch=dp * int(rng.integers(1, 3)),
                 seq=pick(rng, [256, 512, 1024]), vocab=int(rng.integers(1000, 50000)))
-    kinds = any_strategies(rng, layers)
-    return [(f"ZeRO-{z} on dp={dp}, drawn {i}", plan(dp, 1, 1, 1, [layers], kinds, zero=z), model,
+    return [(f"ZeRO-{z} on dp={dp}, drawn {i}", plan(dp, 1, 1, 1, [layers], ["none"] * layers, zero=z), model,
              cluster(dict(A100, devices=dp))) for z in range(4)]
 
 
-def _on_node(rng, meshes, layers_above=4):
-    """(dp, tp, pp, m, model) of a plan on one 8-device node, from (tp, pp) ``meshes``."""
-    tp, pp = pick(rng, meshes)
-    dp = 8 // (tp * pp)
-    m = pick(rng, [1, 2, 3, 4, 8])
-    model = gpt(layers=pp + int(rng.integers(0, layers_above + 1)), batch=dp * m * int(rng.integers(1, 3)))
-    return dp, tp, pp, m, model
-
-
 def _in_flight(rng, i):
-    dp, tp, pp, m, model = _on_node(rng, [(2, 4), (1, 4), (2, 2), (1, 8)])
-    sched = ("gpipe", "1f1b")[i % 2]
-    p = plan(dp, tp, pp, m, any_cut(rng, model["layers"], pp), any_strategies(rng, model["layers"]), zero=int(rng.integers(4)),
-             schedule=sched)
+    """Every layer kept, ZeRO-0, as the public cases: only the microbatches in flight vary (1F1B
+    with fewer than the stages, so that min(m, pp - j) is not pp - j)."""
+    tp, pp = pick(rng, [(2, 4), (1, 4), (2, 2), (1, 8)])
+    dp, sched = 8 // (tp * pp), ("gpipe", "1f1b")[i % 2]
+    m = pick(rng, [1, 2, 3, 4, 8] if sched == "gpipe" else [m for m in (1, 2, 3, 4) if m < pp])
+    model = gpt(layers=pp + int(rng.integers(0, 5)), batch=dp * m * int(rng.integers(1, 3)))
+    p = plan(dp, tp, pp, m, any_cut(rng, model["layers"], pp), ["none"] * model["layers"], schedule=sched)
     return [(f"{sched} m={m} on pp={pp} tp={tp}, drawn {i}", p, model, NODE)]
 
 
 def _recompute(rng, i):
-    layers, m = int(rng.integers(4, 9)), pick(rng, [1, 2, 4])
+    """Mixed strategies on 2 x 2 x 2, as the public cases, at least as many microbatches as stages."""
+    layers, m = int(rng.integers(4, 9)), pick(rng, [2, 4])
     kinds = ["selective", "full"] + any_strategies(rng, layers - 2)
     rng.shuffle(kinds)
     return [(f"recompute {kinds}, drawn {i}", plan(2, 2, 2, m, any_cut(rng, layers, 2), kinds),
@@ -202,7 +196,8 @@ def _pipeline(rng, i):
 def _two_speeds(rng, i):
     model = gpt(layers=int(rng.integers(2, 9)), batch=8, hidden=2048, heads=16)
     dp, tp, pp, m = pick(rng, list(oracles.shapes(model, 8)))
-    p = plan(dp, tp, pp, m, any_cut(rng, model["layers"], pp), any_strategies(rng, model["layers"]), zero=int(rng.integers(4)))
+    p = plan(dp, tp, pp, m, any_cut(rng, model["layers"], pp), any_strategies(rng, model["layers"]),
+             zero=int(rng.integers(4)))
     return [(f"two speeds dp={dp} tp={tp} pp={pp}, drawn {i}", p, model, TWO_SPEEDS)]
 
 
@@ -250,7 +245,8 @@ def _binding_budgets(hidden, rng, model, where, count, unbounded=None):
     when a few tries find none. ``unbounded``: the cluster without the budget, if not ``where``."""
     least = hidden.least_memory(model, where)
     fastest_time, fastest = hidden.best_plan(model, unbounded or where, math.inf)
-    free = hidden.cost(fastest, model, where)["memory"]
+    # at most the smallest device's memory: there the budget binds, not a device's own memory
+    free = min(hidden.cost(fastest, model, where)["memory"], *(node["memory"] for node in where["nodes"]))
     budgets = []
     for u in rng.uniform(0.02, 0.7, size=3 * count):
         budget = float(least + u * (free - least))
