@@ -43,8 +43,7 @@ hidden = load_hidden_beside(__file__, "oracles_hidden")  # None in the student r
 # What the hidden oracles answer for the public cases: {"cost": {case: cost}, "search": {case: best}}.
 EXPECTED = json.loads(Path(__file__).with_name("expected.json").read_text())
 REL = 1e-9
-NOT_HERE = ("not graded here: the instructor's grader draws them from its secret seed and answers them with its "
-            "own cost model and search, which the student repository does not hold")
+NOT_HERE = "not graded here (the instructor's grader draws them, and holds their answers)"
 
 
 def _cost_answer(got):
