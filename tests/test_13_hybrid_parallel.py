@@ -291,7 +291,8 @@ def test_step_times_are_the_launchers_gaps_between_optimizer_step_marks():
 
     class Measured:
         """A submission whose measuring job returns a made-up launch: the launcher's mark times."""
-        def rank_job(self, kind, func, inputs, **_):
+        def rank_job(self, kind, func, inputs, **options):
+            assert options["exact_peaks"] is False  # timed, not weighed
             entries = inputs[0]
             marks, outputs = {}, [[{"case": "machine", "flops": 1e10 + r,
                                     "allreduce": [(p, n, 2 * (p - 1) * (1e-4 + n / p * 1e-9)) for p in (2, 4)

@@ -101,8 +101,7 @@ def _answers(submission, seed, kind):
 
 
 def _where(graded, name):
-    return (" (a case drawn from this grading's seed, answered by the grader's own cost model and search)"
-            if name in graded["drawn"] else " (a public case)")
+    return " (a case drawn from this grading's seed)" if name in graded["drawn"] else " (a public case)"
 
 
 def _count(metrics, graded, found):
@@ -119,10 +118,10 @@ def _costs(submission, seed, kind, metrics):
     answers = _answers(submission, seed, "cost_model")
     out = []
     for name, plan, model, where in found:
-        answer = answers[name]
-        assert "error" not in answer, f"cost_model on the case '{name}' raised {answer['error']}"
+        answer, origin = answers[name], _where(graded, name)
+        assert "error" not in answer, f"cost_model on the case '{name}'{origin} raised {answer['error']}"
         value = answer["value"]
-        assert isinstance(value, dict), f"cost_model on the case '{name}' returned {str(value)[:200]}, not a dict"
+        assert isinstance(value, dict), f"cost_model on '{name}'{origin} returned {str(value)[:200]}, not a dict"
         out.append((name, plan, model, where, value, graded["want"].get(name)))
     return out
 

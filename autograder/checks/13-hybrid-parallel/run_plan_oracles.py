@@ -60,20 +60,26 @@ def single_process(model):
 
 @functools.lru_cache(maxsize=16)
 def _single_process(key):
+    import torch
     import torch.nn.functional as F
 
     model = json.loads(key)
-    gpt = dense(model)
-    optimizer = optimizer_of(model, gpt.parameters())
-    tokens, targets = data(model)
-    losses = []
-    for step in range(model["steps"]):
-        logits = gpt(tokens[step])
-        loss = F.cross_entropy(logits.flatten(0, 1), targets[step].flatten())
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tensors of a few KiB: a pool of threads on a busy machine costs 10x more
+    try:
+        gpt = dense(model)
+        optimizer = optimizer_of(model, gpt.parameters())
+        tokens, targets = data(model)
+        losses = []
+        for step in range(model["steps"]):
+            logits = gpt(tokens[step])
+            loss = F.cross_entropy(logits.flatten(0, 1), targets[step].flatten())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+    finally:
+        torch.set_num_threads(threads)
     return losses, {name: p.detach() for name, p in gpt.named_parameters()}
 
 
