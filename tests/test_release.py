@@ -93,6 +93,8 @@ def _course(root, solution, starter):
         (root / folder).mkdir(parents=True)
     for name in ("pyproject.toml", "environment.yml", "scripts/slurm-localhost.sh"):
         (root / name).write_text("")
+    (root / "docs").mkdir()
+    (root / "docs/student-guide.md").write_text("# Student guide\n\n## Hidden checks\n\nSome.\n")  # the README's link
     (root / "solutions/01-x/m.py").write_text(solution)
     (root / "labs/01-x/m.py").write_text(starter)
     return root
