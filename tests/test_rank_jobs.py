@@ -70,6 +70,9 @@ def test_the_launcher_measures_bytes_per_rank_and_peak_memory(pried):
         assert all(sent >= (3 - 1) / 3 * nbytes for sent in per_rank), per_rank
     held = [peak - base for peak, base in zip(job.peak_bytes, job.baseline_bytes)]
     assert all(h >= 90 * 2**20 for h in held), held  # the 96 MiB each held, clear_refs notwithstanding
+    # and its clock at each mark: the 0.2 s each rank slept between them, timed from outside
+    assert 0 < job.mark_times["sum:start"] < job.mark_times["sum:start"] + 0.2 <= job.mark_times["sum:done"]
+    assert job.mark_times["sum:done"] <= job.duration_s
     assert job.memory_tampered == []
 
 
@@ -116,3 +119,17 @@ def test_the_launcher_counts_each_ranks_cpu_seconds_between_marks():
     assert 0.35 <= busy <= 1.0, busy  # its own CPU time, read from outside; a busy machine does not add to it
     assert slept < 0.1, slept  # asleep: wall time passes, CPU time does not
     assert cpu_in_phase(job, "start", "never made") == [None]
+
+
+def test_a_job_that_times_its_ranks_keeps_the_allocators_reuse():
+    """exact_peaks (the default) sends every allocation of 1 MiB or more to the kernel and back,
+    so that VmHWM is what a rank held at once, at the price of its page faults each time; a job
+    that times its ranks (lab 13's run_plan) asks for the allocator's usual reuse instead."""
+    submission = _submission("13")
+    try:
+        faults = {exact: submission.rank_job("torch", "faults_rank", [[]], timeout=60, exact_peaks=exact)
+                  .outputs[0][0]["faults"] for exact in (True, False)}
+    finally:
+        submission.close()
+    pages = 40 * 2**22 // 4096
+    assert faults[True] > pages / 4 > 2 * faults[False], faults  # measured: 20594 and 1573 of 40960 pages

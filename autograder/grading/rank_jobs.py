@@ -39,6 +39,7 @@ class RankJob:
     memory: dict = field(default_factory=dict)
     fresh_peaks: set = field(default_factory=set)  # the marks at which every rank's high-water mark started afresh
     cpu_s: dict = field(default_factory=dict)  # name -> [CPU seconds each rank had used by then; None: not its mark]
+    mark_times: dict = field(default_factory=dict)  # name -> seconds since the job started (the launcher's clock)
     peak_bytes: list = field(default_factory=list)  # per rank: VmHWM (or the most VmRSS sampled) over the whole job
     baseline_bytes: list = field(default_factory=list)  # per rank: VmRSS once it had read its inputs
     wire: dict = field(default_factory=dict)  # {"bytes", "connections"} in all, or {"unavailable": why}
@@ -96,7 +97,7 @@ def decode(kind: str, value: dict) -> RankJob:
         errors=[r["error"] for r in value["ranks"]], finished=list(value["finished"]),
         marks={m[0]: (m[1], m[2]) for m in value["marks"]},
         memory={m[0]: m[3] for m in value["marks"]}, fresh_peaks={m[0] for m in value["marks"] if m[4]},
-        cpu_s={m[0]: m[5] for m in value["marks"]},
+        cpu_s={m[0]: m[5] for m in value["marks"]}, mark_times={m[0]: m[6] for m in value["marks"]},
         peak_bytes=[r["peak_bytes"] for r in value["ranks"]], baseline_bytes=[r["baseline_bytes"] for r in value["ranks"]],
         wire=value["wire"], kept_apart=value["kept_apart"], own_users=value["own_users"],
         duration_s=value["duration_s"],
