@@ -199,6 +199,13 @@ def held_at(job: RankJob, mark: str) -> list | None:
     return None if found is None else [None if m is None else m[0] for m in found]
 
 
+def held_at_peak(job: RankJob, mark: str) -> list | None:
+    """Each rank's peak memory by ``mark`` (its high-water mark since the job started, or since
+    a mark that started it afresh), read by the launcher; None where the job never reached it."""
+    found = job.memory.get(mark)
+    return None if found is None else [None if m is None else m[1] for m in found]
+
+
 def peak_in_phase(job: RankJob, start: str, end: str) -> tuple[list, bool] | None:
     """(each rank's peak memory between the marks ``start`` and ``end`` above what it held at
     ``start``, whether that peak is the phase's own): own where the launcher started the

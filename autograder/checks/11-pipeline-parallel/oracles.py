@@ -234,6 +234,7 @@ EXECUTOR_SCHEDULES = {
     ("1f1b", 2, 4): ["F0 F1 B0 F2 B1 F3 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"],
     ("1f1b", 4, 4): ["F0 F1 F2 F3 B0 B1 B2 B3", "F0 F1 F2 B0 F3 B1 B2 B3", "F0 F1 B0 F2 B1 F3 B2 B3",
                      "F0 B0 F1 B1 F2 B2 F3 B3"],
+    ("1f1b", 2, 2): ["F0 F1 B0 B1", "F0 B0 F1 B1"],
     ("1f1b", 2, 8): ["F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7",
                      "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7"],
 }
