@@ -61,8 +61,8 @@ def _in_one_thread(fn):
 
 
 def shape_of(config) -> GPTConfig:
-    return GPTConfig(vocab=config["vocab"], seq=config["seq"], hidden=config["hidden"], heads=config["heads"],
-                     layers=config["layers"], dropout=config["dropout"])
+    return GPTConfig(vocab=config.get("vocab"), seq=config.get("seq"), hidden=config.get("hidden"), heads=config.get("heads"),
+                     layers=config.get("layers"), dropout=config.get("dropout"))
 
 
 def build(config, seed=WEIGHTS_SEED, device="cpu"):
@@ -76,9 +76,9 @@ def build(config, seed=WEIGHTS_SEED, device="cpu"):
 
 def batch(config, seed=WEIGHTS_SEED, device="cpu"):
     g = torch.Generator().manual_seed(seed + 1)
-    size = (config["batch"], config["seq"])
-    return (torch.randint(0, config["vocab"], size, generator=g).to(device),
-            torch.randint(0, config["vocab"], size, generator=g).to(device))
+    size = (config.get("batch"), config.get("seq"))
+    return (torch.randint(0, config.get("vocab"), size, generator=g).to(device),
+            torch.randint(0, config.get("vocab"), size, generator=g).to(device))
 
 
 @functools.lru_cache(maxsize=None)
@@ -105,9 +105,9 @@ class Trainer:
     def __init__(self, config, device="cpu"):
         self.model = build(config, device=device)
         self.params = list(self.model.parameters())
-        self.mixed = config["precision"] == "mixed"
+        self.mixed = config.get("precision") == "mixed"
         self.master = [p.detach().float().clone() for p in self.params] if self.mixed else self.params
-        name = config["optimizer"]
+        name = config.get("optimizer")
         if name == "adam":
             self.optimizer = torch.optim.Adam(self.master, lr=1e-3, foreach=False)
         else:
@@ -202,13 +202,13 @@ def traced_activations(config) -> int:
 
 # The monomials of (L, s, b, h, a, V) that saved bytes are made of; the first three are per block.
 MONOMIALS = {
-    "L·sbh": lambda L, s, b, h, a, V: L * s * b * h,  # a block's activations of width h or 4h, and its dropout masks
-    "L·as²b": lambda L, s, b, h, a, V: L * a * s * s * b,  # a block's attention scores, softmax output, its mask
-    "L·sb": lambda L, s, b, h, a, V: L * s * b,  # a block's LayerNorm statistics (a mean and 1/std per token)
-    "sbh": lambda L, s, b, h, a, V: s * b * h,  # the final LayerNorm's and the LM head's inputs
-    "sbV": lambda L, s, b, h, a, V: s * b * V,  # the loss's float32 log-probabilities
-    "sb": lambda L, s, b, h, a, V: s * b,  # token ids, targets, the final LayerNorm's statistics
-    "1": lambda L, s, b, h, a, V: 1,  # the loss's scalars
+    "L·sbh": lambda L, S, B, H, A, V: L * S * B * H,  # a block's activations of width h or 4h, and its dropout masks
+    "L·as²b": lambda L, S, B, H, A, V: L * A * B * S**2,  # a block's attention scores, softmax output, its mask
+    "L·sb": lambda L, S, B, H, A, V: L * S * B,  # a block's LayerNorm statistics (a mean and 1/std per token)
+    "sbh": lambda L, S, B, H, A, V: S * B * H,  # the final LayerNorm's and the LM head's inputs
+    "sbV": lambda L, S, B, H, A, V: S * B * V,  # the loss's float32 log-probabilities
+    "sb": lambda L, S, B, H, A, V: S * B,  # token ids, targets, the final LayerNorm's statistics
+    "1": lambda L, S, B, H, A, V: 1,  # the loss's scalars
 }
 PER_BLOCK = ("L·sbh", "L·as²b", "L·sb")
 # Small (L, s, b, h, a, V) on which the coefficients are solved for: each monomial varied alone once.
@@ -220,9 +220,11 @@ class FitError(RuntimeError):
     """The saved bytes are not the polynomial ``MONOMIALS`` say (``course.models`` changed): a grader's fault."""
 
 
+SHAPE_KEYS = ("layers", "seq", "batch", "hidden", "heads", "vocab")  # the monomials' arguments, in order
+
+
 def _values(config):
-    return [f(config["layers"], config["seq"], config["batch"], config["hidden"], config["heads"], config["vocab"])
-            for f in MONOMIALS.values()]
+    return [f(*(config.get(key) for key in SHAPE_KEYS)) for f in MONOMIALS.values()]
 
 
 class ActivationFit:
@@ -251,8 +253,7 @@ class ActivationFit:
     def per_block(self, config) -> int:
         """What one block saves (the per-block monomials over L)."""
         one = dict(config, layers=1)
-        return sum(self.coefficients[m] * MONOMIALS[m](1, one["seq"], one["batch"], one["hidden"], one["heads"],
-                                                          one["vocab"]) for m in PER_BLOCK)
+        return sum(self.coefficients[m] * MONOMIALS[m](*(one.get(key) for key in SHAPE_KEYS)) for m in PER_BLOCK)
 
 
 @functools.lru_cache(maxsize=None)
@@ -261,7 +262,7 @@ def activation_fit(precision: str, dropout: bool, checkpointing: bool) -> Activa
 
 
 def fit_for(config) -> ActivationFit:
-    return activation_fit(config["precision"], config["dropout"] > 0, bool(config["checkpointing"]))
+    return activation_fit(config.get("precision"), config.get("dropout") > 0, bool(config.get("checkpointing")))
 
 
 # --- profile_step: the same step, replayed with torch -------------------------------
@@ -277,7 +278,7 @@ def profile_model(config, seed):
 def replay_step(config, weights, tokens, targets) -> tuple[float, dict]:
     """zero_grad, forward, backward and one Adam step (lr 1e-2) of TinyGPT with ``weights`` on the batch,
     in one thread as the sandbox runs it: (the loss, the parameters after the step)."""
-    model = TinyGPT(shape_of(config), checkpointing=config["checkpointing"]).train()
+    model = TinyGPT(shape_of(config), checkpointing=config.get("checkpointing")).train()
     model.load_state_dict({name: torch.from_numpy(np.array(value)) for name, value in weights.items()})
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     optimizer.zero_grad()
