@@ -51,6 +51,37 @@ def problems(path: Path) -> list[tuple[str, bool]]:
     return found
 
 
+def worked_problems(path: Path) -> list[dict]:
+    """Each worked problem as ``{"title", "answered", "independent", "diagnosis", "collapsed"}``:
+    checked independently when one of its answer's code cells is tagged ``independent`` (it
+    checks against something other than the answer's own arithmetic); a diagnosis when the
+    problem's cell is tagged ``diagnosis``; collapsed when every markdown answer is a
+    ``<details>`` block and every code answer is tagged ``hide-cell`` and hidden in Jupyter."""
+    cells, found = _cells(path), []
+    for i, cell in enumerate(cells):
+        text = _source(cell).lstrip()
+        if cell["cell_type"] != "markdown" or not text.startswith("**Problem"):
+            continue
+        answer = []
+        for after in cells[i + 1:]:
+            if "answer" not in after.get("metadata", {}).get("tags", []):
+                break
+            answer.append(after)
+        code = [c for c in answer if c["cell_type"] == "code"]
+        prose = [_source(c).strip() for c in answer if c["cell_type"] == "markdown"]
+        hidden = [c for c in code if "hide-cell" in c["metadata"].get("tags", [])
+                  and c["metadata"].get("jupyter", {}).get("source_hidden")]
+        found.append({
+            "title": text.splitlines()[0],
+            "answered": any(re.search(r"^\s*assert\b", _source(c), re.M) for c in code),
+            "independent": any("independent" in c["metadata"].get("tags", []) for c in code),
+            "diagnosis": "diagnosis" in cell.get("metadata", {}).get("tags", []),
+            "collapsed": bool(answer) and len(hidden) == len(code) and all(
+                p.startswith("<details><summary>Answer</summary>") and p.endswith("</details>") for p in prose),
+        })
+    return found
+
+
 def lecture(number: str) -> Path:
     (path,) = LECTURES.glob(f"{number}-*.ipynb")
     return path
@@ -66,6 +97,25 @@ def test_a_part_ii_iii_lecture_teaches_in_prose_and_works_problems(number):
     assert len(found) >= MIN_PROBLEMS, f"{path.name}: {len(found)} worked problems, at least {MIN_PROBLEMS} wanted"
 
 
+# The lectures whose worked problems follow the convention (issue 45 brings all 13 to it; the rest
+# still have problems that re-check their own arithmetic, no diagnosis, answers in plain view).
+CONVENTION = ["01", "02", "04", "11", "12"]
+
+
+@pytest.mark.parametrize("number", CONVENTION)
+def test_worked_problems_are_checked_independently_include_a_diagnosis_and_start_collapsed(number):
+    path = lecture(number)
+    found = worked_problems(path)
+    assert len(found) >= MIN_PROBLEMS, f"{path.name}: {len(found)} worked problems, at least {MIN_PROBLEMS} wanted"
+    assert all(p["answered"] for p in found), [p["title"] for p in found if not p["answered"]]
+    independent = sum(p["independent"] for p in found)
+    assert 2 * independent >= len(found), (
+        f"{path.name}: {independent} of {len(found)} problems checked against something independent of the answer "
+        "(a code cell of the answer tagged 'independent'); at least half wanted")
+    assert any(p["diagnosis"] for p in found), f"{path.name}: no problem tagged 'diagnosis' (explain a measurement)"
+    assert all(p["collapsed"] for p in found), [p["title"] for p in found if not p["collapsed"]]
+
+
 def test_the_measures_see_prose_problems_and_answers(tmp_path):
     def cell(kind, source, tags=()):
         return {"cell_type": kind, "source": source, "metadata": {"tags": list(tags)},
@@ -78,6 +128,17 @@ def test_the_measures_see_prose_problems_and_answers(tmp_path):
         cell("markdown", "**Problem 2.** Why?"), cell("markdown", "Because.", ["answer"]),
         cell("markdown", "**Problem 3.** Untagged."), cell("code", "assert True"),
     ]}))
+    folded = {"tags": ["answer", "hide-cell", "independent"], "jupyter": {"source_hidden": True}}
+    path.with_name("98-y.ipynb").write_text(json.dumps({"cells": [
+        {**cell("markdown", "**Problem 1.** Why?"), "metadata": {"tags": ["diagnosis"]}},
+        cell("markdown", "<details><summary>Answer</summary>\n\nBecause.\n\n</details>", ["answer"]),
+        {**cell("code", "assert 1"), "metadata": folded},
+        cell("markdown", "**Problem 2.** Shown?"), cell("code", "assert 2", ["answer", "independent"]),
+    ]}))
+    first, second = worked_problems(path.with_name("98-y.ipynb"))
+    assert first == {"title": "**Problem 1.** Why?", "answered": True, "independent": True, "diagnosis": True,
+                     "collapsed": True}
+    assert second["independent"] and not second["diagnosis"] and not second["collapsed"]
     assert prose_words(path) == 3 + 3 + 2 + 1 + 2
     assert problems(path) == [("**Problem 1.** How many?", True), ("**Problem 2.** Why?", False),
                               ("**Problem 3.** Untagged.", False)]
