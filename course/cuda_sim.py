@@ -95,7 +95,8 @@ class WarpCall:
     launch: int = 0  # set by course.cuda_audit: which launch of an audit
 
     def __str__(self) -> str:
-        return f"cuda.{self.function}(mask {self.mask:#010x}) by lanes {lanes_text(self.lanes)} of warp {self.warp}"
+        lanes = f"lanes {lanes_text(self.lanes)}" if len(self.lanes) > 1 else f"lane {lanes_text(self.lanes)}"
+        return f"cuda.{self.function}(mask {self.mask:#010x}) by {lanes} of warp {self.warp}"
 
 
 def lanes_text(lanes) -> str:

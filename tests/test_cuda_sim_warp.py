@@ -211,6 +211,9 @@ def test_a_partial_mask_exchanges_among_its_lanes_and_an_outside_source_is_undef
     assert (out[16:] == -1).all()
     assert call.function == "shfl_down_sync" and call.lanes == tuple(range(16)) and call.mask == 0xFFFF
     assert call.undefined[0] == (12, 16, "lane 16 is not in the mask") and len(call.undefined) == 4
+    assert str(call) == "cuda.shfl_down_sync(mask 0x0000ffff) by lanes 0-15 of warp 0"
+    one_lane = cuda_sim.WarpCall("syncwarp", 1, (0, 0, 0), 1, (0,))
+    assert str(one_lane) == "cuda.syncwarp(mask 0x00000001) by lane 0 of warp 1"
 
 
 def test_lanes_that_exited_are_excused_and_reading_them_is_undefined():
