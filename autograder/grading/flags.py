@@ -41,6 +41,10 @@ _ATTRIBUTES = {
     "get_objects": Flag.INTROSPECTION, "get_referrers": Flag.INTROSPECTION, "get_referents": Flag.INTROSPECTION,
     "settrace": Flag.INTROSPECTION, "setprofile": Flag.INTROSPECTION, "_getframe": Flag.INTROSPECTION,
     "_current_frames": Flag.INTROSPECTION, "f_back": Flag.INTROSPECTION, "tb_frame": Flag.INTROSPECTION,
+    # a function's or a frame's insides: the way to a recorder's list or another's locals
+    "__globals__": Flag.INTROSPECTION, "__closure__": Flag.INTROSPECTION, "__wrapped__": Flag.INTROSPECTION,
+    "f_locals": Flag.INTROSPECTION, "f_globals": Flag.INTROSPECTION, "gi_frame": Flag.INTROSPECTION,
+    "cr_frame": Flag.INTROSPECTION, "cell_contents": Flag.INTROSPECTION,
     "spec_from_file_location": Flag.CODE, "run_path": Flag.CODE, "exec_module": Flag.CODE,
     "SourceFileLoader": Flag.CODE,
 }

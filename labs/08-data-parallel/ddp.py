@@ -58,9 +58,14 @@ names, as when an embedding and the output layer share their weight) is one
 parameter: ``module.parameters()`` yields it once, so synchronise it once.
 The process group is
 ``group`` (``None`` means the default group, ``dist.group.WORLD``); use
-``torch.distributed.all_reduce`` (sum) for gradients — the grader records
-every call, when it is issued and when its handle is waited on, relative to
-the end of backward. Grade with ``k2c grade 08`` from the repository root.
+``torch.distributed.all_reduce`` (sum) for gradients. The grader counts, from
+outside your processes, the bytes that cross between the ranks after each
+backward and after your finish call: gloo's messages make one all-reduce per
+bucket and one flat all-reduce of everything differ in bytes, so the count
+says how many all-reduces crossed, and whether before backward returned. It
+also records each collective you call and each ``wait()``, relative to the
+end of backward, to show you when a check fails. Grade with ``k2c grade 08``
+from the repository root.
 """
 import contextlib
 

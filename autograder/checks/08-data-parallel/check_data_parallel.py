@@ -1,156 +1,165 @@
 """Checks for lab 08: data parallelism from scratch.
 
-Oracle for training: single-process training of the same float64 model, from
-rank 0's initial weights, with torch's own SGD (momentum), on the whole global
-batch (every rank's micro-batches concatenated) — what data parallelism must
-reproduce. Every parameter on every rank is compared after 3 steps; float64
-leaves only the order of additions as a difference (~1e-16), so the tolerance
-is tight. Each rank builds its model from a seed of its own: a wrapper that
-forgets to broadcast rank 0's weights trains different replicas.
+Every input is drawn here from the grading's secret seed and every answer is
+computed here (``oracles.py``); each rank of a rank job (``harness.ddp_rank``)
+receives only the model's architecture, its own initial parameters and its own
+micro-batches, and sends back its parameters and what the recorder saw.
 
-Communication: the harness records every ``torch.distributed`` collective
-each rank calls during a step, in order, with the end of backward marked by a
-callback the autograd engine runs after its last node, and each handle's
-``wait()``. The number of buckets is computed here from the parameter sizes
-with the rule the lab states — not by the student's ``bucket_indices``. Any
-other collective (``all_reduce_coalesced``, ``reduce_scatter``, ``all_gather``
-…) is recorded under its own name and fails the count checks, which expect
-exactly one ``all_reduce`` per bucket (per parameter for ``NaiveDDP``) and
-nothing else; the message lists what was called.
+Results: single-process training of the same float64 model, from rank 0's
+initial parameters, with torch's SGD (momentum), on each whole global batch —
+what data parallelism must reproduce. Every parameter of every rank is compared
+here after 3 steps (tolerance 1e-9: only the order of additions differs). Every
+other rank starts from parameters of its own: a wrapper that does not broadcast
+rank 0's trains different replicas.
+
+Communication, counted from outside: the launcher notes the bytes that have
+crossed between the ranks (the kernel's count of their TCP connections) at marks
+the harness makes after each backward (once its own barrier has let everything
+issued during backward finish) and after the wrapper's finish call. gloo sends a
+fixed framing per message, measured in the same job before the student's code
+loads, and its ring cuts a tensor into a known number of messages
+(``oracles.all_reduce_wire_bytes``): so the bytes of a step say how many
+all-reduces of which sizes crossed in it, and when. One all-reduce per bucket
+(per parameter for ``NaiveDDP``, per trained parameter with a frozen layer and a
+tied weight) and nothing else must cross in each step; every gradient's bytes
+before backward has returned (the hooks start them); nothing inside
+``no_sync()``. Whether the hooks wait: rank 0 runs a step ahead of the others,
+which sleep before their backward; hooks that only start their all-reduces let
+rank 0's backward return before any other rank has sent a byte. The recorder in
+the ranks (each collective called, each ``wait()``, the end of backward) only
+explains a failure; the bucket count is the lab's rule applied here, never the
+student's ``bucket_indices``. Every communication check also needs the right
+parameters (``with_the_work``).
 
 A second model has a frozen first layer (broadcast, never synchronised) and a
 weight tied between two layers (one Parameter under two names, synchronised
-once); both wrappers train it, with one parameter per bucket.
-
-World sizes 2 and 4, each one job of torch processes (gloo) for every case,
-cached for the whole grading run. Both tiers grade the same way, on gloo:
-this lab has no GPU part.
+once); both wrappers train it, with one parameter per bucket. World sizes 2 and
+4, each one rank job (gloo) for every case, once per grading. Both tiers grade
+the same way, on gloo: this lab has no GPU part.
 """
 import numpy as np
 import pytest
 
-from autograder.grading.checking import with_the_work
+from autograder.grading.checking import load_beside, with_the_work
+from autograder.grading.rank_jobs import crossed_in_phases, per_rank_in_phase, run_cases
 from autograder.grading.submission import failure_from, not_implemented_yet
-from autograder.grading.traffic import expect_crossed
-from course.wire import gloo_bytes, gloo_messages
+from course.wire import gloo_bytes
+
+oracles = load_beside(__file__, "oracles")
 
 WORLDS = (2, 4)
 STEPS = 3
 TOLERANCE = 1e-9
 BUCKET_CAPS = (2**-15, 0.002, 25.0)  # 32 bytes (the smallest parameter's size: reaching the cap closes a bucket)
-FROZEN_TIED_CAP = 1e-5
-ACCUMULATION_CAP = 0.002
+FROZEN_TIED_CAP = 1e-5  # 10.5 bytes: one parameter per bucket
+ACCUMULATION_CAP, ACCUMULATION_STEPS = 0.002, 3  # micro-batches per step, no_sync on all but the last
 NAIVE = "naive"
 BUCKETED = tuple(f"bucketed (bucket_cap_mb={cap:g})" for cap in BUCKET_CAPS)
 ACCUMULATION = f"accumulation (bucket_cap_mb={ACCUMULATION_CAP:g})"
-# A model with a frozen first layer and a weight tied between two layers; one parameter per bucket.
 FROZEN_TIED = ("naive (frozen + tied)", f"bucketed (frozen + tied, bucket_cap_mb={FROZEN_TIED_CAP:g})")
-CAP_OF = dict(zip(BUCKETED, BUCKET_CAPS), **{ACCUMULATION: ACCUMULATION_CAP, FROZEN_TIED[1]: FROZEN_TIED_CAP})
+AHEAD = f"bucketed, rank 0 ahead (bucket_cap_mb={BUCKET_CAPS[0]:g})"
+# name: (wrapper, bucket cap, model, micro-batches per step, steps)
+CASES = {NAIVE: ("naive", None, oracles.MLP, 1, STEPS),
+         **{name: ("bucketed", cap, oracles.MLP, 1, STEPS) for name, cap in zip(BUCKETED, BUCKET_CAPS)},
+         ACCUMULATION: ("bucketed", ACCUMULATION_CAP, oracles.MLP, ACCUMULATION_STEPS, STEPS),
+         FROZEN_TIED[0]: ("naive", None, oracles.FROZEN_TIED, 1, STEPS),
+         FROZEN_TIED[1]: ("bucketed", FROZEN_TIED_CAP, oracles.FROZEN_TIED, 1, STEPS),
+         AHEAD: ("bucketed", BUCKET_CAPS[0], oracles.MLP, 1, 1)}
+JOB_TIMEOUT_S = 40  # a correct job of 4 ranks takes a few seconds; a deadlock ends sooner, once the job idles
+IDLE_TIMEOUT_S = 5
 
 
-def _job(submission, world):
-    """Every case's outcome on ``world`` processes, computed once per grading run."""
-    return submission.harness_once(("ddp_job", world), "ddp_job", world)
+def _job(submission, seed, world):
+    """{case name: (inputs, outcome)} for every case on ``world`` ranks, once per grading; the
+    inputs hold the oracle's parameters after training ("want")."""
+    def run():
+        drawn = {name: oracles.draw_case(seed, name, world, spec, steps, micro)
+                 for name, (_, _, spec, micro, steps) in CASES.items()}
+        trained = oracles.meanwhile(lambda: {name: oracles.train_single_process(case) for name, case in drawn.items()})
+
+        def part(name, rank):
+            kind, cap = CASES[name][:2]
+            return {**oracles.part(drawn[name], rank), "kind": kind, "cap": cap, "ahead": name == AHEAD,
+                    "lr": oracles.LR, "momentum": oracles.MOMENTUM}
+
+        def after_hang(name, pending):  # the same wrapper class would most likely hang as long
+            return [n for n in pending if CASES[n][0] == CASES[name][0]]
+        found = run_cases(submission, "torch", "ddp_rank", list(CASES), lambda name: world, part,
+                          timeout=JOB_TIMEOUT_S, idle_timeout=IDLE_TIMEOUT_S, count_wire=True, after_hang=after_hang)
+        want = trained()
+        return {name: ({**drawn[name], "want": want[name]}, outcome) for name, outcome in found.items()}
+    return submission.once(("ddp_job", world), run)
 
 
-def _cases(submission, names, need="steps"):
-    """[(world, name, outcome)] for each world size and case; raises when a case
-    has not measured ``need`` (a stub, a hang, an error)."""
+def _cases(submission, seed, names, need="final"):
+    """[(world, name, inputs, outcome)] for each world size and case; raises where a case has
+    not measured ``need`` on every rank (a stub, a hang, an error)."""
     found = []
     for world in WORLDS:
         for name in names:
-            outcome = _job(submission, world)[name]
-            if not all(need in r for r in outcome.get("ranks", [{}])):
+            case, outcome = _job(submission, seed, world)[name]
+            if outcome["status"] != "ok":
                 raise failure_from(outcome, f"{name} on {world} processes")
-            found.append((world, name, outcome))
+            lacking = next((r for r in outcome["records"] if need not in r), None)
+            if lacking is not None:
+                raise failure_from(lacking, f"{name} on {world} processes")
+            found.append((world, name, case, outcome))
     return found
 
 
-def expected_buckets(param_bytes, cap_mb):
-    """The lab's rule (torch's DDP's too): in reverse registration order, a
-    bucket closes as soon as it holds at least the cap; the rest, if any, is
-    one last partial bucket. So: the number of times the running total
-    reaches the cap, plus one if something is left over."""
-    cap, count, filled = cap_mb * 2**20, 0, 0
-    for size in reversed(param_bytes):
-        filled += size
-        if filled >= cap:
-            count, filled = count + 1, 0
-    return count + (filled > 0)
+# --- the parameters ---------------------------------------------------------------------------
 
+def _largest_difference(got, want):
+    name = max(want, key=lambda n: float(np.abs(np.asarray(got.get(n, np.nan)) - want[n]).max()))
+    return name, float(np.abs(np.asarray(got.get(name, np.nan)) - want[name]).max())
 
-def _collectives(events):
-    return [e for e in events if ":" in e]
-
-
-def _all_reduces(events):
-    return [e for e in events if e.startswith("all_reduce:")]
-
-
-# --- equal replicas ---------------------------------------------------------------------------
 
 @pytest.mark.points(1)
-def check_replicas_start_equal(submission):
+def check_replicas_start_equal(submission, seed):
     """After NaiveDDP(...) and BucketedDDP(...), every rank holds rank 0's parameters (broadcast)"""
-    for world, name, outcome in _cases(submission, (NAIVE, BUCKETED[-1]), need="initial_errors"):
-        for rank, record in enumerate(outcome["ranks"]):
-            param, error = max(record["initial_errors"].items(), key=lambda kv: kv[1])
+    for world, name, case, outcome in _cases(submission, seed, (NAIVE, BUCKETED[-1]), need="initial"):
+        for rank, record in enumerate(outcome["records"]):
+            param, error = _largest_difference(record["initial"], case["initial"][0])
             assert error == 0, (
                 f"{name} on {world} processes: right after the wrapper was built, rank {rank}'s {param} differs "
-                f"from rank 0's initial value by up to {error:.3g}. Each rank starts from its own random "
-                "weights: the constructor must broadcast rank 0's parameters (broadcast_parameters)")
+                f"from rank 0's by up to {error:.3g}. Each rank starts from weights of its own: the constructor "
+                "must broadcast rank 0's parameters (broadcast_parameters)")
 
 
-def _expect_single_process(submission, names, hint):
-    for world, name, outcome in _cases(submission, names, need="final_errors"):
-        for rank, record in enumerate(outcome["ranks"]):
-            param, error = max(record["final_errors"].items(), key=lambda kv: kv[1])
-            if error > TOLERANCE:
-                started = max(record.get("initial_errors", {0: 0}).values())
-                why = (" The replicas did not start equal: broadcast rank 0's parameters first." if started
-                       else hint)
+def _expect_single_process(submission, seed, names, hint):
+    for world, name, case, outcome in _cases(submission, seed, names):
+        for rank, record in enumerate(outcome["records"]):
+            param, error = _largest_difference(record["final"], case["want"])
+            if not error <= TOLERANCE:
+                started = _largest_difference(record.get("initial", {}), case["initial"][0])[1]
+                why = " The replicas did not start equal: broadcast rank 0's parameters first." if started else hint
                 raise AssertionError(
-                    f"{name} on {world} processes: after {STEPS} SGD steps rank {rank}'s {param} differs from "
-                    f"single-process training on the global batch by {error:.3g} (tolerance {TOLERANCE:g}).{why}")
+                    f"{name} on {world} processes: after {len(case['batches'])} SGD step(s) rank {rank}'s {param} "
+                    f"differs from single-process training on the global batch by {error:.3g} (tolerance "
+                    f"{TOLERANCE:g}).{why}")
 
 
 @pytest.mark.points(2)
-def check_naive_matches_single_process(submission):
+def check_naive_matches_single_process(submission, seed):
     """NaiveDDP: parameters after 3 steps equal single-process training on the global batch (2 and 4 processes)"""
-    _expect_single_process(submission, (NAIVE,),
+    _expect_single_process(submission, seed, (NAIVE,),
                            " Is every gradient all-reduced (summed) and then divided by the world size?")
 
 
 @pytest.mark.points(3)
-def check_bucketed_matches_single_process(submission):
+def check_bucketed_matches_single_process(submission, seed):
     """BucketedDDP: parameters after 3 steps equal single-process training (bucket caps 32 bytes, 0.002 MiB, 25 MiB)"""
-    _expect_single_process(submission, BUCKETED,
+    _expect_single_process(submission, seed, BUCKETED,
                            " Does every bucket (the last, partial one too) get all-reduced, averaged over the "
                            "world size and copied back into each param.grad before the step?")
 
 
 @pytest.mark.points(2)
-def check_accumulation_matches_single_process(submission):
+def check_accumulation_matches_single_process(submission, seed):
     """Gradient accumulation (3 micro-batches, no_sync on the first 2) equals single-process training"""
-    _expect_single_process(submission, (ACCUMULATION,),
+    _expect_single_process(submission, seed, (ACCUMULATION,),
                            " Inside no_sync() gradients must keep accumulating in param.grad; the backward "
                            "after it all-reduces the accumulated sum once.")
-
-
-@pytest.mark.points(2)
-def check_frozen_and_tied_parameters(submission):
-    """A frozen layer and a tied weight: both wrappers train as one process, one all-reduce per trained parameter"""
-    _expect_single_process(submission, FROZEN_TIED, _FROZEN_TIED_HINT)
-    for world, name, outcome in _cases(submission, FROZEN_TIED):
-        trained = outcome["param_names"]
-        want = len(trained) if name.startswith("naive") else expected_buckets(outcome["param_bytes"], CAP_OF[name])
-        for rank, record in enumerate(outcome["ranks"]):
-            for step, (events,) in enumerate(record["steps"]):
-                calls = _collectives(events)
-                assert len(_all_reduces(events)) == want and len(calls) == want, (
-                    f"{name} on {world} processes, rank {rank}, step {step}: expected {want} all_reduce calls, "
-                    f"one per trained parameter ({', '.join(trained)}); recorded {_summary(calls)}."
-                    + _FROZEN_TIED_HINT)
 
 
 _FROZEN_TIED_HINT = (" Layer 0 is frozen (requires_grad=False): broadcast it at construction, but it gets no "
@@ -158,136 +167,176 @@ _FROZEN_TIED_HINT = (" Layer 0 is frozen (requires_grad=False): broadcast it at 
                      "two names, as tied embeddings are): module.parameters() yields it once; synchronise it once.")
 
 
-# --- communication: what was called, and when --------------------------------------------------
-
-@pytest.mark.points(1)
-def check_naive_one_all_reduce_per_parameter(submission):
-    """NaiveDDP.sync_gradients: one all-reduce per parameter per step, nothing else"""
-    with_the_work("NaiveDDP's communication", lambda: _expect_single_process(submission, (NAIVE,), ""))
-    for world, name, outcome in _cases(submission, (NAIVE,)):
-        n_params = len(outcome["param_bytes"])
-        for rank, record in enumerate(outcome["ranks"]):
-            for step, (events,) in enumerate(record["steps"]):
-                calls = _collectives(events)
-                assert len(_all_reduces(events)) == n_params and len(calls) == n_params, (
-                    f"{name} on {world} processes, rank {rank}, step {step}: expected {n_params} all_reduce calls "
-                    f"(one per parameter), recorded {_summary(calls)}")
-        _expect_gradient_traffic(submission, world, name, outcome, n_params)
-
-
 @pytest.mark.points(2)
-def check_bucketed_one_all_reduce_per_bucket(submission):
-    """BucketedDDP: all-reduce calls per step = number of buckets from the lab's rule, nothing else"""
-    with_the_work("BucketedDDP's communication", lambda: _expect_single_process(submission, BUCKETED, ""))
-    for world, name, outcome in _cases(submission, BUCKETED):
-        want = expected_buckets(outcome["param_bytes"], CAP_OF[name])
-        for rank, record in enumerate(outcome["ranks"]):
-            for step, (events,) in enumerate(record["steps"]):
-                calls = _collectives(events)
-                assert len(_all_reduces(events)) == want and len(calls) == want, (
-                    f"{name} on {world} processes, rank {rank}, step {step}: parameters of "
-                    f"{outcome['param_bytes']} bytes make {want} bucket(s) under the lab's rule, so {want} "
-                    f"all_reduce call(s); recorded {_summary(calls)}")
-        _expect_gradient_traffic(submission, world, name, outcome, want)
+def check_frozen_and_tied_parameters(submission, seed, metrics):
+    """A frozen layer and a tied weight: both wrappers train as one process, one all-reduce per trained parameter"""
+    _expect_single_process(submission, seed, FROZEN_TIED, _FROZEN_TIED_HINT)
+    for world, name, case, outcome in _cases(submission, seed, FROZEN_TIED):
+        trained = oracles.trained_parameters(case["spec"])
+        _expect_step_traffic(world, name, case, outcome, [size for _, size in trained],
+                             f"one all_reduce per trained parameter ({', '.join(n for n, _ in trained)})",
+                             _FROZEN_TIED_HINT, metrics)
 
 
-@pytest.mark.points(2)
-def check_bucketed_communication_starts_during_backward(submission):
-    """BucketedDDP: the first all-reduce of each step is issued before backward has finished"""
-    with_the_work("BucketedDDP's overlap", lambda: _expect_single_process(submission, BUCKETED, ""))
-    for world, name, outcome in _cases(submission, BUCKETED):
-        for rank, record in enumerate(outcome["ranks"]):
-            for step, (events,) in enumerate(record["steps"]):
-                reduces = [i for i, e in enumerate(events) if e.startswith("all_reduce:")]
-                end = events.index("backward_end")
-                assert reduces and reduces[0] < end, (
-                    f"{name} on {world} processes, rank {rank}, step {step}: "
-                    + ("no all_reduce at all" if not reduces else "the first all_reduce came after backward had "
-                       "finished") + f" (recorded in order: {_timeline(events)}). A bucket's all-reduce must "
-                    "start from the gradient hook, as soon as its last gradient is in")
+# --- communication, counted from outside ---------------------------------------------------------
+
+def _wire(outcome, case):
+    """({phase: bytes} of every micro-batch of every step, gloo's framing per message, the
+    harness's barrier): the launcher's count at the harness's marks, framing and barrier
+    measured in the same job before the student's code loaded. Skips where the kernel's
+    counters cannot be read."""
+    job = outcome["job"]
+    calibration = crossed_in_phases(job, "calibration", ("all_reduce", "barrier"))
+    if "unavailable" in calibration:
+        pytest.skip(f"cannot count what crosses between the ranks here: {calibration['unavailable']}")
+    micro = case["micro_batches"]
+    phases = [f"s{t}.m{m}.{what}" for t in range(len(case["batches"])) for m in range(micro)
+              for what in ("backward", "finish")[:1 + (m == micro - 1)]]
+    found = crossed_in_phases(job, outcome["records"][0]["case"], phases)
+    return found, oracles.framing_of(calibration["all_reduce"], case["world"]), calibration["barrier"]
 
 
-@pytest.mark.points(1)
-def check_bucketed_does_not_wait_during_backward(submission):
-    """BucketedDDP: no all-reduce is waited on (or run synchronously) before backward has finished"""
-    with_the_work("BucketedDDP's overlap", lambda: _expect_single_process(submission, BUCKETED, ""))
-    for world, name, outcome in _cases(submission, BUCKETED):
-        for rank, record in enumerate(outcome["ranks"]):
-            for step, (events,) in enumerate(record["steps"]):
-                during = events[:events.index("backward_end")]
-                blocking = [e for e in during if e == "wait" or e.endswith(":sync")]
-                assert not blocking, (
-                    f"{name} on {world} processes, rank {rank}, step {step}: during backward the hooks "
-                    f"blocked on communication ({_summary(blocking)}; recorded in order: {_timeline(events)}). "
-                    "Start each bucket with async_op=True and wait in finish_gradient_synchronization, or "
-                    "backward stalls until every bucket has travelled")
-
-
-@pytest.mark.points(1)
-def check_accumulation_communicates_once_per_step(submission):
-    """Gradient accumulation: no collective inside no_sync; one all-reduce per bucket on the last micro-batch"""
-    with_the_work("accumulation's communication",
-                  lambda: _expect_single_process(submission, (ACCUMULATION,), ""))
-    for world, name, outcome in _cases(submission, (ACCUMULATION,)):
-        want = expected_buckets(outcome["param_bytes"], CAP_OF[name])
-        for rank, record in enumerate(outcome["ranks"]):
-            for step, micro in enumerate(record["steps"]):
-                for m, events in enumerate(micro[:-1]):
-                    assert not _collectives(events), (
-                        f"{name} on {world} processes, rank {rank}, step {step}: micro-batch {m} ran inside "
-                        f"no_sync() and still communicated: {_summary(_collectives(events))}")
-                last = _collectives(micro[-1])
-                assert len(_all_reduces(micro[-1])) == want and len(last) == want, (
-                    f"{name} on {world} processes, rank {rank}, step {step}: the last micro-batch should "
-                    f"all-reduce the accumulated gradients once per bucket ({want}); recorded {_summary(last)}")
-        _expect_gradient_traffic(submission, world, name, outcome, want)
-
-
-def _expect_gradient_traffic(submission, world, name, outcome, collectives_per_step):
-    """What crossed in the steps (the kernel's count) is one ring all-reduce of every
-    trained gradient per step: 2(P-1)/P of their bytes sent by each rank."""
-    gradients = sum(outcome["param_bytes"])
-    want = STEPS * gloo_bytes("all_reduce", gradients, world)
-    # The recorder counts calls, not bytes: the share of the expected all-reduces it saw stands for its bytes.
-    seen = sum(len(_all_reduces(events)) for record in outcome["ranks"] for micro in record["steps"]
-               for events in micro)
-    messages = STEPS * collectives_per_step * gloo_messages("all_reduce", world)
-    expect_crossed(submission, outcome["wire"], "steps", want, messages,
-                   f"{name} on {world} processes, {STEPS} steps",
-                   f"an all-reduce of the {gradients} bytes of gradients per step",
-                   logged=want * min(1.0, seen / (STEPS * collectives_per_step * world)))
-
-
-def _summary(calls):
-    if not calls:
-        return "none"
-    counts = {}
-    for c in calls:
-        counts[c] = counts.get(c, 0) + 1
-    return ", ".join(f"{n} x {c}" for c, n in counts.items())
-
-
-def _timeline(events, limit=12):
+def _recorded(outcome, t, m=-1):
+    """What the recorder in rank 0 saw in step t, micro-batch m: feedback only."""
+    events = outcome["records"][0].get("steps", [])
+    events = events[t][m] if t < len(events) else []
     shown = [e for e in events if e != "sync_call"]
-    return " -> ".join(shown[:limit]) + (" -> ..." if len(shown) > limit else "")
+    return " -> ".join(shown[:14]) + (" -> ..." if len(shown) > 14 else "") if shown else "nothing"
+
+
+def _expect_step_traffic(world, name, case, outcome, sizes, pattern, hint="", metrics=None):
+    """Each step's bytes (its last backward and the finish call, less the harness's barrier) are
+    exactly one all-reduce of each of ``sizes`` bytes; each earlier micro-batch's, nothing.
+    ``metrics`` gets the largest gap between a step's bytes and that, and gloo's framing."""
+    crossed, framing, barrier = _wire(outcome, case)
+    want = sum(oracles.all_reduce_wire_bytes(n, world, framing) for n in sizes)
+    last = case["micro_batches"] - 1
+    if metrics is not None:
+        metrics[f"framing_bytes_p{world}"] = framing
+    for t in range(len(case["batches"])):
+        for m in range(last):
+            got = crossed.get(f"s{t}.m{m}.backward")
+            assert got is not None and abs(got - barrier) < framing / 2, (
+                f"{name} on {world} processes, step {t}: micro-batch {m} ran inside no_sync() and "
+                f"{got - barrier if got is not None else 'an unknown number of'} bytes crossed between the ranks "
+                f"(the kernel's count); nothing should. The recorder in rank 0 saw: {_recorded(outcome, t, m)}")
+        got = [crossed.get(f"s{t}.m{last}.{what}") for what in ("backward", "finish")]
+        if None in got:
+            raise AssertionError(f"{name} on {world} processes, step {t}: no count of what crossed (the job ended "
+                                 "before the step did)")
+        step = sum(got) - barrier
+        if metrics is not None:
+            metrics["largest_gap_bytes"] = max(metrics.get("largest_gap_bytes", 0), abs(step - want))
+        if abs(step - want) >= framing / 2:
+            payload = gloo_bytes("all_reduce", sum(sizes), world)
+            messages = sum(oracles.all_reduce_messages(n, world) for n in sizes)
+            raise AssertionError(
+                f"{name} on {world} processes, step {t}: {step:.0f} bytes crossed between the ranks (the kernel's "
+                f"count): {oracles.split(step, payload, framing)}. {pattern[0].upper()}{pattern[1:]}, "
+                f"{len(sizes)} of {', '.join(map(str, sizes))} bytes, sends {want:.0f}: the "
+                f"{payload} bytes and {messages} messages. The recorder in rank 0 saw: {_recorded(outcome, t)}.{hint}")
+
+
+def _bucket_sizes(case, cap):
+    return oracles.buckets([size for _, size in oracles.trained_parameters(case["spec"])], cap)
+
+
+@pytest.mark.points(1)
+def check_naive_one_all_reduce_per_parameter(submission, seed, metrics):
+    """NaiveDDP.sync_gradients: one all-reduce per parameter per step, nothing else"""
+    with_the_work("NaiveDDP's communication", lambda: check_naive_matches_single_process(submission, seed))
+    for world, name, case, outcome in _cases(submission, seed, (NAIVE,)):
+        sizes = [size for _, size in oracles.trained_parameters(case["spec"])]
+        _expect_step_traffic(world, name, case, outcome, sizes, "one all_reduce per parameter", metrics=metrics)
+
+
+@pytest.mark.points(2)
+def check_bucketed_one_all_reduce_per_bucket(submission, seed, metrics):
+    """BucketedDDP: all-reduce calls per step = number of buckets from the lab's rule, nothing else"""
+    with_the_work("BucketedDDP's communication", lambda: check_bucketed_matches_single_process(submission, seed))
+    for world, name, case, outcome in _cases(submission, seed, BUCKETED):
+        sizes = _bucket_sizes(case, CASES[name][1])
+        _expect_step_traffic(world, name, case, outcome, sizes, "one all_reduce per bucket of the lab's rule",
+                             metrics=metrics)
+
+
+@pytest.mark.points(2)
+def check_bucketed_communication_starts_during_backward(submission, seed, metrics):
+    """BucketedDDP: every gradient's all-reduce has crossed between the ranks by the time backward returns"""
+    with_the_work("BucketedDDP's overlap", lambda: check_bucketed_matches_single_process(submission, seed))
+    for world, name, case, outcome in _cases(submission, seed, BUCKETED):
+        crossed, framing, barrier = _wire(outcome, case)
+        gradients = sum(size for _, size in oracles.trained_parameters(case["spec"]))
+        payload = gloo_bytes("all_reduce", gradients, world)
+        for t in range(len(case["batches"])):
+            during, after = crossed.get(f"s{t}.m0.backward"), crossed.get(f"s{t}.m0.finish")
+            if during is not None and after is not None:  # the smallest share of a step's bytes before it returned
+                share = (during - barrier) / max(during - barrier + after, 1)
+                metrics["share_during_backward"] = min(metrics.get("share_during_backward", 1.0), round(share, 4))
+            assert during is not None and during - barrier >= payload, (
+                f"{name} on {world} processes, step {t}: by the time backward returned, "
+                f"{during - barrier if during is not None else 'an unknown number of'} bytes had crossed between "
+                f"the ranks (the kernel's count, once every all-reduce started by then had finished), "
+                f"{after} more in finish_gradient_synchronization; an all-reduce of the {gradients} bytes of "
+                f"gradients alone sends {payload}. A bucket's all-reduce must start from the gradient hook, as soon "
+                f"as its last gradient is in (the recorder in rank 0 saw: {_recorded(outcome, t)})")
+
+
+def _bucketed_results_right(submission, seed):
+    check_bucketed_matches_single_process(submission, seed)
+    _expect_single_process(submission, seed, (AHEAD,), "")
+
+
+@pytest.mark.points(1)
+def check_bucketed_does_not_wait_during_backward(submission, seed, metrics):
+    """BucketedDDP: rank 0's backward returns before the other ranks have started theirs (its hooks do not wait)"""
+    with_the_work("not waiting", lambda: _bucketed_results_right(submission, seed))
+    for world, name, case, outcome in _cases(submission, seed, (AHEAD,)):
+        _, framing, _ = _wire(outcome, case)  # skips where nothing can be counted
+        sent = per_rank_in_phase(outcome["job"], name, "s0.m0.rank0")
+        if sent is not None:  # each rank's own sockets: what the others had sent
+            seen, limit, whose = sum(sent[1:]), 0, "the other ranks had sent"
+        else:  # ranks that share a user: rank 0 alone sends at most a few segments before the others start
+            seen = crossed_in_phases(outcome["job"], name, ("s0.m0.rank0",)).get("s0.m0.rank0")
+            limit = min(oracles.all_reduce_wire_bytes(n, world, framing) for n in _bucket_sizes(case, CASES[name][1]))
+            whose, seen = "the ranks had sent", seen if seen is not None else float("inf")
+        metrics[f"sent_before_rank0_returned_p{world}"] = sent if sent is not None else seen
+        assert seen <= limit, (
+            f"{name} on {world} processes: the other ranks slept {oracles.harness.AHEAD_S:g} s before their "
+            f"backward, and by the time rank 0's backward returned {whose} {seen} bytes (the kernel's count): "
+            f"rank 0's hooks waited for all-reduces the others had not started (the recorder in rank 0 saw: "
+            f"{_recorded(outcome, 0)}). Start each bucket with async_op=True and wait in "
+            "finish_gradient_synchronization, or backward stalls until every bucket has travelled")
+
+
+@pytest.mark.points(1)
+def check_accumulation_communicates_once_per_step(submission, seed, metrics):
+    """Gradient accumulation: nothing crosses inside no_sync; one all-reduce per bucket on the last micro-batch"""
+    with_the_work("accumulation's communication",
+                  lambda: check_accumulation_matches_single_process(submission, seed))
+    for world, name, case, outcome in _cases(submission, seed, (ACCUMULATION,)):
+        sizes = _bucket_sizes(case, ACCUMULATION_CAP)
+        _expect_step_traffic(world, name, case, outcome, sizes,
+                             "one all_reduce per bucket of the lab's rule, once no_sync is over", metrics=metrics)
 
 
 # --- compression -----------------------------------------------------------------------------------
 
-def _compression(submission, part):
-    found = submission.harness_once("compression_case", "compression_case")[part]
+def _compression(submission, seed, part):
+    topk, feedback = submission.once("compression inputs", lambda: oracles.compression_inputs(seed))
+    found = submission.harness_once("compression_case", "compression_case", topk, feedback)[part]
     if isinstance(found, dict) and "not_implemented" in found:
         raise not_implemented_yet(found["not_implemented"])
-    return found
+    return zip(topk, found) if part == "topk" else oracles.feedback_by_key(feedback, found)
 
 
 @pytest.mark.points(1)
-def check_topk_compress(submission):
+def check_topk_compress(submission, seed):
     """topk_compress(t, k): the k largest-magnitude entries, with their signs and flat indices"""
-    for case in _compression(submission, "topk"):
+    for case, got in _compression(submission, seed, "topk"):
         x, k = case["x"], case["k"]
         flat = x.reshape(-1)
-        values, indices = np.asarray(case["values"]).reshape(-1), np.asarray(case["indices"]).reshape(-1)
+        values, indices = np.asarray(got["values"]).reshape(-1), np.asarray(got["indices"]).reshape(-1)
         what = f"topk_compress(tensor of shape {x.shape}, k={k})"
         assert indices.size == k and values.size == k, (
             f"{what}: returned {values.size} values and {indices.size} indices, expected {k} of each")
@@ -307,9 +356,9 @@ def _sent_dense(step, shape):
 
 
 @pytest.mark.points(2)
-def check_error_feedback_conserves_gradient(submission):
+def check_error_feedback_conserves_gradient(submission, seed):
     """ErrorFeedback: after every step, sum of what was sent + the residual = sum of the gradients (per tensor)"""
-    for key, steps in _compression(submission, "feedback").items():
+    for key, steps in _compression(submission, seed, "feedback").items():
         sent, total = 0, 0
         for t, step in enumerate(steps):
             shape = step["grad"].shape
@@ -325,9 +374,9 @@ def check_error_feedback_conserves_gradient(submission):
 
 
 @pytest.mark.points(1)
-def check_error_feedback_sends_top_k_of_corrected_gradient(submission):
+def check_error_feedback_sends_top_k_of_corrected_gradient(submission, seed):
     """ErrorFeedback: each step sends the top-k of gradient + previous residual"""
-    for key, steps in _compression(submission, "feedback").items():
+    for key, steps in _compression(submission, seed, "feedback").items():
         residual = 0  # the oracle's own residual, step by step
         for t, step in enumerate(steps):
             corrected = (step["grad"] + residual).reshape(-1)
