@@ -22,7 +22,19 @@ was atomic. From that record alone, with no timing involved:
   32-byte sectors it touches compared with the fewest that could hold the bytes
   it asked for;
 * **global loads per array** — e.g. how often a matmul reads each input element,
-  which tells a tiled kernel from one that reads global memory every time.
+  which tells a tiled kernel from one that reads global memory every time;
+* **lane use** — for the k-th shared (or global) access of a warp, how many of
+  its lanes took part: a warp whose lanes take different branches runs each
+  branch with the others idle (*divergence*), which shows as requests with few
+  lanes;
+* **warp functions and barriers** — every completed warp function (shuffle,
+  vote, ``syncwarp``: ``course.cuda_sim``) with the lanes that took part and any
+  read of a lane that took none, and how many ``syncthreads()`` each block
+  passed.
+
+A ``syncwarp()`` orders the accesses of the lanes it names, as a barrier does
+for a block: two accesses of one warp's lanes in the same epoch do not race when
+a ``syncwarp()`` both lanes took part in falls between them.
 
 Shared arrays are also poisoned (NaN, or a sentinel for integers) instead of
 the simulator's uninitialised memory, so reading an element nobody wrote shows.
@@ -47,7 +59,7 @@ import math
 import sys
 import threading
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -70,6 +82,7 @@ class Access:
     k: int  # this thread's k-th access to this memory space within the epoch
     launch: int  # which kernel launch inside the audit (1, 2, ...)
     wrapped: bool = False  # a negative index, which NumPy (and the simulator) wrapped around
+    warp_sync: int = 0  # syncwarp() calls this thread had passed in this epoch
 
 
 @dataclass(frozen=True)
@@ -90,7 +103,10 @@ class Race:
     def __str__(self) -> str:
         who = ", ".join(f"thread {t} of block {b} {'writes' if k == 'w' else 'reads' if k == 'r' else 'atomically updates'}"
                         for b, t, k in self.accesses[:3])
-        when = f" with no syncthreads() between them (epoch {self.epoch})" if self.epoch is not None else " (different blocks)"
+        same_warp = self.epoch is not None and len({t // WARP for _, t, _ in self.accesses[:2]}) == 1
+        nor = " nor a syncwarp() of both" if same_warp else ""
+        when = (f" with no syncthreads(){nor} between them (epoch {self.epoch})" if self.epoch is not None
+                else " (different blocks)")
         return f"{self.space} {self.array}[{self.index}]: {who}{when}"
 
 
@@ -99,6 +115,10 @@ class AuditLog:
     accesses: list = field(default_factory=list)
     names: dict = field(default_factory=dict)  # data address of a device array -> its name
     launches: int = 0
+    warp_calls: list = field(default_factory=list)  # course.cuda_sim.WarpCall, each with its launch
+    syncwarps: dict = field(default_factory=dict)  # (launch, block, thread, epoch) -> ids of the syncwarps it passed
+    barriers_passed: dict = field(default_factory=dict)  # (launch, block, thread) -> syncthreads() passed
+    block_threads: dict = field(default_factory=dict)  # launch -> threads per block
 
     def name(self, device_array, name: str) -> None:
         """Label a device array so its global accesses are reported under ``name``."""
@@ -120,7 +140,7 @@ class AuditLog:
             scope = a.block if a.space == "shared" else None  # each block has its own shared memory
             by_element[(a.launch, a.space, a.array, scope, a.offset // a.itemsize)].append(a)
         for (_, space, array, _, index), group in by_element.items():
-            race = _race_in(space, array, index, group)
+            race = _race_in(space, array, index, group, self.syncwarps)
             if race:
                 found.append(race)
                 if len(found) >= limit:
@@ -138,6 +158,41 @@ class AuditLog:
             degrees.append(max(len(w) for w in words_per_bank.values()))
         return {"requests": len(degrees), "worst": max(degrees, default=1),
                 "mean": float(np.mean(degrees)) if degrees else 1.0}
+
+    def barriers(self) -> dict:
+        """``{(launch, block): the most syncthreads() a thread of that block passed}``, for every
+        block of every launch whose threads made an access or passed a barrier."""
+        found = defaultdict(int)
+        for a in self.accesses:
+            found[(a.launch, a.block)] = max(found[(a.launch, a.block)], a.epoch)
+        for (launch, block, _), passed in self.barriers_passed.items():
+            found[(launch, block)] = max(found[(launch, block)], passed)
+        return dict(found)
+
+    def lane_use(self, space: str = "shared") -> dict:
+        """How many lanes took part in the warps' requests to ``space``: ``requests`` (the
+        k-th access of a warp between two barriers), ``active_lanes`` summed over them,
+        ``lanes`` (the warps' lanes, 32 but in a block's partial last warp) and
+        ``efficiency`` = active / lanes. Divergent branches and idle lanes lower it."""
+        requests = active = lanes = 0
+        for (launch, _, warp, _, _), group in _warp_requests(self.accesses, space).items():
+            threads = self.block_threads.get(launch, WARP * (warp + 1))
+            requests += 1
+            active += len({a.thread for a in group})
+            lanes += min(WARP, threads - warp * WARP)
+        return {"requests": requests, "active_lanes": active, "lanes": lanes,
+                "efficiency": active / lanes if lanes else 1.0}
+
+    def undefined_reads(self, limit: int = 20) -> list[str]:
+        """Shuffles that read a lane that took no part (undefined on a GPU), in words."""
+        found = []
+        for call in self.warp_calls:
+            for lane, source, why in call.undefined:
+                found.append(f"lane {lane} of warp {call.warp} in block {call.block} read lane {source} in "
+                             f"cuda.{call.function} (mask {call.mask:#010x}), but {why}: the value is undefined")
+                if len(found) >= limit:
+                    return found
+        return found
 
     def coalescing(self, array: str | None = None) -> dict:
         """Sectors touched per warp request vs the fewest needed: 1.0 is perfect."""
@@ -157,19 +212,29 @@ class AuditLog:
                 "efficiency": needed / touched if touched else 1.0}
 
 
-def _race_in(space, array, index, group) -> Race | None:
+def _race_in(space, array, index, group, syncwarps=None) -> Race | None:
     """Two accesses race when nothing orders them, one writes, and not both are atomic.
 
-    Within a block, syncthreads() orders accesses of different epochs; accesses of
-    different blocks (global memory only) are never ordered within one launch.
+    Within a block, syncthreads() orders accesses of different epochs, and a syncwarp()
+    that both threads passed, one after its access and the other before, orders two
+    accesses of one epoch; accesses of different blocks (global memory only) are never
+    ordered within one launch.
     """
     if all(a.kind == "r" for a in group):
         return None
+    syncwarps = syncwarps or {}
+
+    def syncwarp_between(a, b):
+        first = syncwarps.get((a.launch, a.block, a.thread, a.epoch), ())[a.warp_sync:]
+        second = syncwarps.get((b.launch, b.block, b.thread, b.epoch), ())[:b.warp_sync]
+        return bool(set(first) & set(second))
 
     def unordered(a, b):
         if a.launch != b.launch or (a.block, a.thread) == (b.block, b.thread):
             return False
-        return a.block != b.block or a.epoch == b.epoch
+        if a.block != b.block:
+            return True
+        return a.epoch == b.epoch and not (syncwarp_between(a, b) or syncwarp_between(b, a))
 
     writers = [a for a in group if a.kind != "r"]
     for w in writers:
@@ -243,8 +308,10 @@ def _record(space, name, array, index, kind) -> None:
     counters = thread.__dict__.setdefault("_k2c_counters", defaultdict(int))
     k = counters[(space, epoch)]
     counters[(space, epoch)] += 1
-    access = Access(space, name, offset, array.itemsize, kind, tuple(thread.blockIdx), thread.thread_id, epoch, k,
-                    _log.launches, wrapped)
+    block = tuple(thread.blockIdx)
+    warp_sync = len(_log.syncwarps.get((_log.launches, block, thread.thread_id, epoch), ()))
+    access = Access(space, name, offset, array.itemsize, kind, block, thread.thread_id, epoch, k,
+                    _log.launches, wrapped, warp_sync)
     with _lock:
         _log.accesses.append(access)
 
@@ -309,6 +376,8 @@ def _patched_simulator():
 
     def syncthreads(self):
         self._k2c_epoch = getattr(self, "_k2c_epoch", 0) + 1
+        if _log is not None:
+            _log.barriers_passed[(_log.launches, tuple(self.blockIdx), self.thread_id)] = self._k2c_epoch
         original_sync(self)
 
     def shared_array(self, shape, dtype, alignment=None):
@@ -332,6 +401,7 @@ def _patched_simulator():
     def call(self, *args):
         if _log is not None and not (self._device or sim_kernel._kernel_context):
             _log.launches += 1
+            _log.block_threads[_log.launches] = math.prod(self.block_dim or (1,))
         return original_call(self, *args)
 
     swaps = [(within, "__getitem__", get), (within, "__setitem__", set_), (within, "__getattr__", whole_array),
@@ -392,14 +462,31 @@ def audit():
     _require_simulator()
     if _log is not None:
         raise RuntimeError("audits do not nest")
+    from course import cuda_sim
+
     swaps = _patched_simulator()
     saved = [(obj, attr, obj.__dict__[attr]) for obj, attr, _ in swaps]
     _log = log = AuditLog()
     for obj, attr, new in swaps:
         setattr(obj, attr, new)
     try:
-        yield log
+        with cuda_sim.watch(_warp_call):
+            yield log
     finally:
         for obj, attr, old in saved:
             setattr(obj, attr, old)
         _log = None
+
+
+def _warp_call(call, threads) -> None:
+    """Record a completed warp function; a syncwarp() also joins each lane's list of
+    syncwarps passed in its epoch (which orders accesses, see ``_race_in``)."""
+    log = _log
+    if log is None:
+        return
+    with _lock:
+        log.warp_calls.append(replace(call, launch=log.launches))
+        if call.function == "syncwarp":
+            for thread in threads.values():
+                key = (log.launches, tuple(thread.blockIdx), thread.thread_id, getattr(thread, "_k2c_epoch", 0))
+                log.syncwarps.setdefault(key, []).append(len(log.warp_calls))

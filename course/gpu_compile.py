@@ -346,13 +346,17 @@ _WORK = {  # PTX instructions by what they do (``ptx_work``)
     "shared_accesses": re.compile(r"^\s*(?:@!?%?\w+\s+)?(?:ld|st)\.shared\b", re.M),
     "barriers": re.compile(r"^\s*(?:@!?%?\w+\s+)?(?:bar|barrier)\.(?:sync|red|arrive)\b", re.M),
     "atomics": re.compile(r"^\s*(?:@!?%?\w+\s+)?(?:atom|red)\.", re.M),
+    # warp functions: cuda.shfl_*_sync (a 64-bit value is two shuffles), and the votes all/any/eq/ballot_sync
+    "warp_shuffles": re.compile(r"^\s*(?:@!?%?\w+\s+)?shfl\.sync\.", re.M),
+    "warp_votes": re.compile(r"^\s*(?:@!?%?\w+\s+)?vote\.sync\.", re.M),
 }
 
 
 def ptx_work(ptx: str) -> dict:
     """How many instructions of the compiled kernel store to global memory, touch shared
-    memory, wait at a barrier or update atomically: what a GPU would run, whatever the
-    simulator ran (a kernel whose branches depend on where it runs compiles to less)."""
+    memory, wait at a barrier, update atomically, shuffle values between the lanes of a
+    warp or take a warp vote: what a GPU would run, whatever the simulator ran (a kernel
+    whose branches depend on where it runs compiles to less)."""
     return {what: len(pattern.findall(ptx)) for what, pattern in _WORK.items()}
 
 

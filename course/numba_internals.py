@@ -85,6 +85,21 @@ INTERNALS: tuple[Internal, ...] = (
              "runs a block's threads and opens each barrier when every live thread waits at it",
              "how the simulator starts a block's threads (BlockThread's arguments) and raises the first exception",
              ("_block_dim", "_f", "_debug")),
+    # -- the simulator's warp functions (course.cuda_sim) --------------------------------
+    Internal("course.cuda_sim.install", f"{_SIM}.kernelapi.FakeCUDAModule", "relies on",
+             "the cuda module a simulated kernel sees: install() adds numba-cuda's warp functions to it "
+             "(shfl_sync, shfl_up_sync, shfl_down_sync, shfl_xor_sync, all_sync, any_sync, eq_sync, ballot_sync, "
+             "match_any_sync, match_all_sync, syncwarp, activemask, lanemask_lt), which 0.30.4's simulator lacks",
+             "whether the simulator now has warp functions of its own (then hold them to tests/test_cuda_sim_warp.py "
+             "and drop ours), that kernels still see an instance of this class as `cuda`, and that its laneid is "
+             "still thread_id % 32"),
+    Internal("course.cuda_sim.install", f"{_SIM}.kernelapi.FakeCUDAModule.popc", "replaces",
+             "counts the set bits of a negative integer in its own width (ballot_sync returns an int32: a full "
+             "warp's is -1, whose popc is 32; the simulator's counted 1)", "whether its popc still uses bin(val)"),
+    Internal("course.cuda_sim.install", f"{_SIM}.kernel.BlockThread.__init__", "relies on",
+             "a warp function finds its lane, warp and block from the calling thread, and waits on its event",
+             "that threads still carry their linear index (thread_id, x fastest) and blockIdx",
+             ("thread_id", "blockIdx", "syncthreads_event", "abort", "_manager")),
     # -- recording a kernel's memory accesses (course.cuda_audit) ------------------------
     Internal("course.cuda_audit", f"{_SIM}.cudadrv.devicearray.FakeWithinKernelCUDAArray.__getitem__",
              "replaces", "records each global read", "that kernels still index global arrays through it"),

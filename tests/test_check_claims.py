@@ -61,6 +61,9 @@ CLAIMS = {
     },
     "03-shared-memory": {
         'compiles_for_a_gpu[block_sum_kernel]': 'shared array sized from blockDim, not a constant',
+        'compiles_for_a_gpu[block_sum_warp_kernel]': 'warp shuffle offsets from true division (a float delta)',
+        'block_sum_warp': 'warp shuffle with a mask of half the warp',
+        'block_sum_warp_stage': 'a barrier after every warp shuffle',
         'compiles_for_a_gpu[scan_block_kernel]': 'scan loads its two elements by looping over a tuple',
         'compiles_for_a_gpu[add_offsets_kernel]': 'add_offsets_kernel calls a plain Python helper',
         'compiles_for_a_gpu[tiled_matmul_kernel]': 'matmul tiles sized from blockDim, not a constant',

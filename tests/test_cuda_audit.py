@@ -159,3 +159,71 @@ def test_numpy_views_of_device_arrays_are_refused_inside_an_audit():
     with pytest.raises(TypeError, match="element by element"):
         with audit():
             through_numpy[1, 8](out, x)
+
+
+# -- warps: syncwarp orders accesses; warp calls, barriers and lane use are recorded --------
+
+@cuda.jit
+def exchange_in_halves(out, partner_xor, sync):
+    # Lanes write buf[t], then read their partner's element. sync 0: nothing between; 1: a
+    # syncwarp of each half-warp (0xFFFF and 0xFFFF0000); 2: a syncwarp of the whole warp.
+    buf = cuda.shared.array(32, dtype=np.float32)
+    t = cuda.threadIdx.x
+    buf[t] = t
+    if sync == 1:
+        cuda.syncwarp(0x0000FFFF if t < 16 else 0xFFFF0000)
+    elif sync == 2:
+        cuda.syncwarp()
+    out[t] = buf[t ^ partner_xor]
+
+
+def test_a_syncwarp_orders_the_accesses_of_the_lanes_it_names():
+    from course import cuda_sim
+
+    assert cuda_sim.install()
+    cases = {(1, 0): True, (1, 2): False, (1, 1): False, (16, 1): True, (16, 2): False}  # -> races?
+    for (partner, sync), races in cases.items():
+        log, (out, _, _) = _run(exchange_in_halves, 1, 32, np.zeros(32, np.float32), partner, sync)
+        if not races:
+            np.testing.assert_array_equal(out, np.arange(32) ^ partner)
+        found = log.races()
+        assert bool(found) == races, (partner, sync, found)
+        if found:
+            assert "nor a syncwarp() of both" in str(found[0])
+    syncwarps = [c for c in log.warp_calls if c.function == "syncwarp"]
+    assert len(syncwarps) == 1 and syncwarps[0].lanes == tuple(range(32)) and syncwarps[0].launch == 1
+
+
+@cuda.jit
+def branch_by(out, x, by_parity):
+    # Half the lanes work: alternate lanes (every warp diverges) or the first half of the block.
+    buf = cuda.shared.array(64, dtype=np.float32)
+    t = cuda.threadIdx.x
+    buf[t] = x[t]
+    cuda.syncthreads()
+    works = t % 2 == 0 if by_parity else t < 32
+    if works:
+        buf[t] += 1
+    cuda.syncthreads()
+    out[t] = cuda.shfl_xor_sync(0xFFFFFFFF, buf[t], 1)
+
+
+def test_lane_use_measures_divergence_and_the_log_holds_barriers_and_warp_calls():
+    from course import cuda_sim
+
+    assert cuda_sim.install()
+    x = np.arange(64, dtype=np.float32)
+    use = {}
+    for by_parity in (True, False):
+        log, (out, _, _) = _run(branch_by, 1, 64, np.zeros(64, np.float32), x, by_parity)
+        works = np.arange(64) % 2 == 0 if by_parity else np.arange(64) < 32
+        np.testing.assert_array_equal(out, (x + works)[np.arange(64) ^ 1])
+        use[by_parity] = log.lane_use()
+        assert log.barriers() == {(1, (0, 0, 0)): 2}
+        assert sorted((c.function, c.warp, len(c.lanes)) for c in log.warp_calls) == [
+            ("shfl_xor_sync", 0, 32), ("shfl_xor_sync", 1, 32)]
+        assert log.undefined_reads() == [] and log.races() == []
+    # The fill and the final read: 2 warps x 2 full requests. The branch: alternate lanes give 2 warps x
+    # 2 requests of 16 lanes; the first half of the block gives 1 warp x 2 requests of 32.
+    assert use[True] == {"requests": 8, "active_lanes": 192, "lanes": 256, "efficiency": 0.75}
+    assert use[False] == {"requests": 6, "active_lanes": 192, "lanes": 192, "efficiency": 1.0}

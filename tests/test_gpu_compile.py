@@ -194,10 +194,14 @@ def test_an_elementwise_kernel_runs_on_the_host_from_its_generated_loop(tmp_path
 
 
 def test_ptx_work_counts_what_the_compiled_kernel_does():
-    """Stores (global or generic), shared-memory accesses, barriers and atomics, as PTX spells them."""
+    """Stores (global or generic), shared-memory accesses, barriers, atomics, warp shuffles and
+    votes, as PTX spells them (a syncwarp, bar.warp.sync, is not a block's barrier)."""
     from course.gpu_compile import ptx_work
 
     ptx = ("\tld.param.u64 \t%rd1, [p];\n\tst.u32 \t[%rd15], %r6;\n\t@%p1 st.global.f32 \t[%rd2], %f1;\n"
            "\tst.shared.f32 \t[%r1], %f2;\n\tld.shared.f32 \t%f3, [%r2];\n\tbar.sync \t0;\n"
-           "\tatom.global.add.u32 \t%r3, [%rd4], 1;\n\tst.param.b32 \t[retval], %r1;\n\tst.local.u32 \t[%rd9], %r2;\n")
-    assert ptx_work(ptx) == {"global_stores": 2, "shared_accesses": 2, "barriers": 1, "atomics": 1}
+           "\tatom.global.add.u32 \t%r3, [%rd4], 1;\n\tst.param.b32 \t[retval], %r1;\n\tst.local.u32 \t[%rd9], %r2;\n"
+           "\tshfl.sync.down.b32 \t%r9|%p4, %r4, %r7, %r6, %r8;\n\t@%p2 shfl.sync.bfly.b32 \t%r11|%p5, %r10, %r7, %r6, %r8;\n"
+           "\tvote.sync.ballot.b32 \t%r1, %p14, %r8;\n\tbar.warp.sync \t-1;\n")
+    assert ptx_work(ptx) == {"global_stores": 2, "shared_accesses": 2, "barriers": 1, "atomics": 1,
+                             "warp_shuffles": 2, "warp_votes": 1}

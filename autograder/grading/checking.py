@@ -185,7 +185,8 @@ RESOURCES = ("registers", "shared_bytes", "spill_bytes")
 
 
 WORK_NAMES = {"global_stores": "stores to global memory", "shared_accesses": "shared-memory loads or stores",
-              "barriers": "barriers (syncthreads)", "atomics": "atomic updates"}
+              "barriers": "barriers (syncthreads)", "atomics": "atomic updates",
+              "warp_shuffles": "warp shuffles (cuda.shfl_*_sync)", "warp_votes": "warp votes (cuda.*_sync)"}
 
 
 def missing_work(compiled: dict, name: str, shows: tuple) -> str:
@@ -208,7 +209,7 @@ def expect_compiled(compiled: dict, name: str, metrics: dict | None = None, note
     make rows ``"name float"`` and ``"name double"``), which the reports show as a
     table. ``shows``: the work the compiled kernel must show on every target
     (``course.gpu_compile.ptx_work``: "global_stores", "shared_accesses", "barriers",
-    "atomics"), so that the kernel graded in the simulator is the one a GPU runs.
+    "atomics", "warp_shuffles", "warp_votes"), so that the kernel graded in the simulator is the one a GPU runs.
     Skips, with the reason, where this machine cannot compile."""
     import pytest
 

@@ -8,6 +8,11 @@ as fast as registers. Cooperation needs two tools:
   every thread has reached it, so what was written before it can be read after.
 * ``cuda.atomic.add`` — a read-modify-write that no other thread can interleave.
 
+The 32 threads of a *warp* can also exchange values without shared memory:
+``cuda.shfl_down_sync(mask, value, delta)`` hands each lane the ``value`` of the
+lane ``delta`` above it, for the lanes ``mask`` names, all of which must make the
+call (``block_sum_warp_kernel``).
+
 Forget either and the kernel has a *race*: its answer depends on the order
 threads happen to run in. Races often give the right answer anyway, so the
 grader does not trust the answer alone: it records every memory access your
@@ -21,7 +26,9 @@ Run the checks with ``k2c grade 03`` (from the repository root).
 import numpy as np
 from numba import cuda, float32, int32
 
-THREADS = 128  # threads per block of block_sum_kernel, scan_block_kernel and histogram_kernel
+THREADS = 128  # threads per block of the reductions, scan_block_kernel and histogram_kernel
+WARP = 32  # lanes of a warp (cuda.warpsize)
+FULL_MASK = 0xFFFFFFFF  # a warp function's mask naming all 32 lanes
 SCAN_SPAN = 2 * THREADS  # elements one block of scan_block_kernel scans (two per thread)
 TILE = 16  # tiled_matmul_kernel: a TILE x TILE block of threads computes a TILE x TILE tile of C
 MAX_BINS = 256  # histogram_kernel: shared-memory bins per block
@@ -76,6 +83,46 @@ def block_reduce(x, blocks=None):
     d_total = cuda.device_array(1, dtype=np.float32)
     block_sum_kernel[1, THREADS](d_total, d_partial)
     return float(d_total.copy_to_host()[0])
+    # END SOLUTION
+
+
+@cuda.jit
+def block_sum_warp_kernel(partial, x):
+    """``partial[b]``: the same sums as ``block_sum_kernel``, its last levels in one warp.
+
+    A tree's last five levels, 32 values down to 1, need no shared memory and no
+    barrier: a warp's lanes can read each other's registers. Sum with the grid-stride
+    loop and the shared-memory tree (a barrier per level) only while more than
+    ``WARP`` values remain; then warp 0 takes the last ``WARP`` values, one per lane,
+    and adds them with warp shuffles, ``cuda.shfl_down_sync(FULL_MASK, value, delta)``
+    for ``delta`` = 16, 8, 4, 2, 1; lane 0 writes the block's sum. Every lane a
+    shuffle's mask names must make that call. ``THREADS`` is a power of two, at
+    least ``WARP``.
+    """
+    # BEGIN SOLUTION: Grid-stride sums, the shared tree while over WARP values remain, then warp 0 shuffles them down: no barrier.
+    cache = cuda.shared.array(THREADS, dtype=float32)
+    tid = cuda.threadIdx.x
+    total = float32(0.0)
+    g = cuda.grid(1)
+    while g < x.size:
+        total += x[g]
+        g += cuda.gridsize(1)
+    cache[tid] = total
+    cuda.syncthreads()
+    half = THREADS // 2
+    while half >= WARP:  # levels with more than a warp's worth of values: shared memory and barriers
+        if tid < half:
+            cache[tid] += cache[tid + half]
+        cuda.syncthreads()
+        half //= 2
+    if tid < WARP:  # warp 0, all 32 lanes: each takes one of the last WARP values
+        total = cache[tid]
+        delta = WARP // 2
+        while delta > 0:
+            total += cuda.shfl_down_sync(FULL_MASK, total, delta)
+            delta //= 2
+        if tid == 0:
+            partial[cuda.blockIdx.x] = total
     # END SOLUTION
 
 

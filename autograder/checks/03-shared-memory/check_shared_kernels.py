@@ -4,7 +4,9 @@ Results are compared with NumPy on poisoned outputs with canaries, at sizes that
 are not multiples of the block or the tile. Races, bank conflicts, coalescing
 and global loads are judged from the record of every memory access the kernel
 made in numba's simulator (``course.cuda_audit``) — never from whether a racy
-kernel happened to give a wrong answer this time. Those checks run in the
+kernel happened to give a wrong answer this time. The warp-level reduction is
+judged from the same record's warp functions and barriers, and from its
+compiled form (``shfl.sync`` in its PTX). Those checks run in the
 simulator on both tiers; the GPU tier adds device sizes and speed as ratios of
 CuPy's own kernels (CUB's sum, cuBLAS FP32, bincount) measured in the same run.
 
@@ -57,6 +59,11 @@ def _draw_from_the_grading_seed(seed):
 CASES = {
     "reduce, grid smaller than data": lambda: ("block_sums", _rng(1).standard_normal(1000).astype(np.float32), 3),
     "reduce, one element per thread": lambda: ("block_sums", _rng(2).standard_normal(1000).astype(np.float32), 8),
+    # The same two cases for the warp-level reduction (its own draws).
+    "warp reduce, grid smaller than data": lambda: ("warp_block_sums",
+                                                    _rng(12).standard_normal(1000).astype(np.float32), 3),
+    "warp reduce, one element per thread": lambda: ("warp_block_sums",
+                                                    _rng(13).standard_normal(1000).astype(np.float32), 8),
     "scan": lambda: ("scan_segments", _rng(3).integers(-9, 10, 1000).astype(np.int32)),
     # Three segments, the last partial; more offsets than segments, whatever SCAN_SPAN is.
     "add offsets": lambda: ("add_offsets", _rng(10).integers(-9, 10, 517).astype(np.int32),
@@ -74,22 +81,26 @@ CASES = {
 
 # The kernels as the harness launches them, and which kernel each of CASES launches.
 SIGNATURES = {"block_sum_kernel": "void(float32[:], float32[:])",
+              "block_sum_warp_kernel": "void(float32[:], float32[:])",
               "scan_block_kernel": "void(int32[:], int32[:], int32[:])",
               "add_offsets_kernel": "void(int32[:], int32[:])",
               "tiled_matmul_kernel": "void(float32[:, :], float32[:, :], float32[:, :])",
               "histogram_kernel": "void(int32[:], int32[:])"}
-KERNEL_OF = {"reduce": "block_sum_kernel", "scan": "scan_block_kernel", "add offsets": "add_offsets_kernel",
+KERNEL_OF = {"reduce": "block_sum_kernel", "warp reduce": "block_sum_warp_kernel", "scan": "scan_block_kernel",
+             "add offsets": "add_offsets_kernel",
              "matmul": "tiled_matmul_kernel", "histogram": "histogram_kernel"}
 # The launch whose answer credits a kernel's compile check.
-WORKS_IN = {"block_sum_kernel": "reduce, grid smaller than data", "scan_block_kernel": "scan",
+WORKS_IN = {"block_sum_kernel": "reduce, grid smaller than data",
+            "block_sum_warp_kernel": "warp reduce, grid smaller than data", "scan_block_kernel": "scan",
             "add_offsets_kernel": "add offsets", "tiled_matmul_kernel": "matmul, ragged",
             "histogram_kernel": "histogram, 7 bins"}
 
 
 # What each kernel compiled for a GPU must show it does (course.gpu_compile.ptx_work): the kernel graded
 # in the simulator is the kernel a GPU runs. Every one writes its output (the histogram by atomic updates);
-# the cooperative ones use shared memory and barriers.
+# the cooperative ones use shared memory and barriers, and the warp-level reduction warp shuffles.
 SHOWS = {"block_sum_kernel": ("global_stores", "shared_accesses", "barriers"),
+         "block_sum_warp_kernel": ("global_stores", "shared_accesses", "barriers", "warp_shuffles"),
          "scan_block_kernel": ("global_stores", "shared_accesses", "barriers"),
          "add_offsets_kernel": ("global_stores",),
          "tiled_matmul_kernel": ("global_stores", "shared_accesses", "barriers"),
@@ -119,9 +130,9 @@ def inputs(case):
 
 
 def _launched(result, what):
-    assert result["launch_error"] is None, (
-        f"{what}: the launch failed — {result['launch_error']}. An index past the end of an array "
-        "usually means a missing guard")
+    error = result["launch_error"]
+    hint = ". An index past the end of an array usually means a missing guard" if "IndexError" in (error or "") else ""
+    assert error is None, f"{what}: the launch failed — {error}{hint}"
 
 
 def _no_races(result, what):
@@ -159,12 +170,21 @@ def _expect_returns_what_it_wrote(run, value, launches, kernel, what):
 
 # -- reduction ---------------------------------------------------------------------
 
-def _expect_block_sums(result, x, blocks):
-    _launched(result, "block_sum_kernel")
+def _expect_block_sums(result, x, blocks, kernel="block_sum_kernel"):
+    _launched(result, kernel)
     partial = result["partial"]
-    assert np.isnan(partial[blocks:]).all(), "block_sum_kernel wrote past partial[gridDim.x - 1]: one value per block"
-    expect_array(partial[:blocks], oracles.grid_stride_block_sums(x, blocks, result["threads"]),
-                 "block_sum_kernel partial", rtol=1e-4, atol=1e-4)
+    assert np.isnan(partial[blocks:]).all(), f"{kernel} wrote past partial[gridDim.x - 1]: one value per block"
+    undefined = result.get("undefined_reads")
+    try:
+        expect_array(partial[:blocks], oracles.grid_stride_block_sums(x, blocks, result["threads"]),
+                     f"{kernel} partial", rtol=1e-4, atol=1e-4)
+    except AssertionError as exc:
+        if not undefined:
+            raise
+        # A shuffle read a lane that took no part (here NaN): say which, the likely cause.
+        raise AssertionError(f"{exc}. In the simulator's record, {undefined[0]}: every lane a shuffle reads "
+                             "must make the same call (is the shuffle in a branch only some lanes of its mask "
+                             "take?)") from None
 
 
 @pytest.mark.points(2)
@@ -235,6 +255,45 @@ def check_block_reduce(submission, tier):
         arrays = [_rng(20 + k).standard_normal(n).astype(np.float32) for k, n in enumerate([1, 10_000_019])]
         for x, total in zip(arrays, submission.harness("host_reduce", arrays)):
             _expect_sum(total, x, f"block_reduce of {x.size} elements on the GPU")
+
+
+# -- the warp-level stage ----------------------------------------------------------------
+
+def _expect_warp_block_sums(result, x, blocks):
+    _expect_block_sums(result, x, blocks, "block_sum_warp_kernel")
+
+
+@pytest.mark.points(2)
+def check_block_sum_warp(submission, tier):
+    """block_sum_warp_kernel: each block's sum, grid smaller than the data and one element per thread"""
+    for case in ("warp reduce, grid smaller than data", "warp reduce, one element per thread"):
+        (x, blocks), result = inputs(case), simulated(submission, case)
+        _expect_warp_block_sums(result, x, blocks)
+    if tier == "gpu":
+        x, blocks = _rng(14).standard_normal(10_000_019).astype(np.float32), 1000
+        _expect_warp_block_sums(submission.harness("warp_block_sums", x, blocks), x, blocks)
+
+
+@pytest.mark.points(2)
+def check_block_sum_warp_stage(submission):
+    """block_sum_warp_kernel: the tree's last five levels are warp shuffles, with no barrier (no races)"""
+    case = "warp reduce, grid smaller than data"
+    result = simulated(submission, case)
+    _launched(result, "block_sum_warp_kernel")
+    threads, warp = result["threads"], result["warp"]
+    levels = int(math.log2(warp))
+    assert result["shuffles_per_block"] >= levels, (
+        f"block_sum_warp_kernel: a block made {result['shuffles_per_block']} warp shuffles (warp functions it "
+        f"called: {result['warp_functions'] or 'none'}); the last {levels} levels of the tree, {warp} values "
+        "down to 1, are warp shuffles (cuda.shfl_down_sync), one per level")
+    most = int(math.log2(threads // warp)) + 1
+    assert result["barriers"] <= most, (
+        f"block_sum_warp_kernel: a block passed {result['barriers']} barriers; with {threads} threads, "
+        f"{most} are enough (after the grid-stride sums, and after each level while more than {warp} values "
+        "remain): the warp's own levels need none")
+    assert result["shared_arrays"], "block_sum_warp_kernel does not use shared memory: the tree's first levels are there"
+    _no_races(result, "block_sum_warp_kernel")
+    _credited(submission, case, "a warp-level stage")
 
 
 # -- scan ----------------------------------------------------------------------------
@@ -452,7 +511,8 @@ def check_histogram(submission, tier):
 
 
 # The answer each kernel's launch must give, for with_the_work: (result, *inputs of its case).
-RIGHT_ANSWER = {"block_sum_kernel": _expect_block_sums, "scan_block_kernel": _expect_scan,
+RIGHT_ANSWER = {"block_sum_kernel": _expect_block_sums, "block_sum_warp_kernel": _expect_warp_block_sums,
+                "scan_block_kernel": _expect_scan,
                 "add_offsets_kernel": _expect_offsets_added, "tiled_matmul_kernel": _expect_matmul,
                 "histogram_kernel": _expect_histogram}
 

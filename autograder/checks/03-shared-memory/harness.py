@@ -5,6 +5,9 @@ elements past the end. In numba's CUDA simulator every launch runs inside
 ``course.cuda_audit.audit()``, which records each memory access: the checks
 then judge races, bank conflicts, coalescing and global loads from that record,
 which does not depend on the order the simulator happened to run threads in.
+The record also holds every warp function a block called (``course.cuda_sim``,
+whose warp functions this module installs) and the barriers each block passed:
+the warp-level reduction is judged from them.
 The host functions run there too (``recorded``), with a record of every launch
 they make and of what those launches wrote, so that a check can tell a host
 function that returns its kernels' result from one that computes it itself.
@@ -15,7 +18,7 @@ and the ``*_vs_*`` functions time the kernels against CuPy's (CUB, cuBLAS) with
 import contextlib
 import math
 import os
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import numpy as np
 from numba import config, cuda
@@ -23,6 +26,11 @@ from numba import config, cuda
 from autograder.grading.checking import INT_POISON, poisoned, unstubbed
 
 CANARY = 64  # poisoned elements past the end of 1-D outputs
+
+if config.ENABLE_CUDASIM:
+    from course import cuda_sim
+
+    cuda_sim.install()  # the simulator's warp functions (and barriers that wake threads), whatever ran first
 
 
 def _student():
@@ -66,6 +74,12 @@ def _launch(kernel, grid, block, args, views=None, named=()):
     result = {"arrays": [d.copy_to_host() if isinstance(a, np.ndarray) else None for d, a in zip(d_args, args)],
               "launch_error": error, "audited": log is not None}
     if log is not None:
+        blocks = {a.block for a in log.accesses}
+        shuffles = Counter(c.block for c in log.warp_calls if c.function.startswith("shfl_"))
+        result.update(barriers=max(log.barriers().values(), default=0),
+                      shuffles_per_block=min((shuffles[b] for b in blocks), default=0),
+                      warp_functions=sorted({c.function for c in log.warp_calls}),
+                      undefined_reads=log.undefined_reads(limit=3))
         result.update(races=[str(r) for r in log.races(limit=3)], banks=log.bank_conflicts(),
                       shared_arrays=sorted(log.shared_arrays()),
                       loads={name: log.loads(name) for _, name in named},
@@ -77,13 +91,19 @@ def _launch(kernel, grid, block, args, views=None, named=()):
 
 # -- the four kernels, launched by the grader -----------------------------------
 
-def block_sums(x, blocks):
-    threads = _student().THREADS
-    result = _launch(_kernel("block_sum_kernel"), blocks, threads, [poisoned(blocks + CANARY), x],
+def block_sums(x, blocks, kernel="block_sum_kernel"):
+    """``kernel`` (block_sum_kernel, or block_sum_warp_kernel: the same contract) on ``blocks`` blocks."""
+    s = _student()
+    result = _launch(_kernel(kernel), blocks, s.THREADS, [poisoned(blocks + CANARY), x],
                      views={0: slice(0, blocks)})
     result["partial"] = result.pop("arrays")[0]
-    result["threads"] = threads
+    result["threads"] = s.THREADS
+    result["warp"] = getattr(s, "WARP", 32)
     return result
+
+
+def warp_block_sums(x, blocks):
+    return block_sums(x, blocks, "block_sum_warp_kernel")
 
 
 def scan_segments(x):
