@@ -36,19 +36,7 @@ def prose_words(path: Path) -> int:
 
 def problems(path: Path) -> list[tuple[str, bool]]:
     """``(first line, answered)`` for each worked problem: answered when tagged cells follow it and one asserts."""
-    cells, found = _cells(path), []
-    for i, cell in enumerate(cells):
-        text = _source(cell).lstrip()
-        if cell["cell_type"] != "markdown" or not text.startswith("**Problem"):
-            continue
-        answer = []
-        for after in cells[i + 1:]:
-            if "answer" not in after.get("metadata", {}).get("tags", []):
-                break
-            answer.append(after)
-        asserts = any(c["cell_type"] == "code" and re.search(r"^\s*assert\b", _source(c), re.M) for c in answer)
-        found.append((text.splitlines()[0], bool(answer) and asserts))
-    return found
+    return [(p["title"], p["answered"]) for p in worked_problems(path)]
 
 
 def worked_problems(path: Path) -> list[dict]:

@@ -166,6 +166,26 @@ def run_cases(submission, kind: str, target: str, cases: list, ranks_of, part_of
     return outcomes
 
 
+def reported_stub(outcome: dict) -> dict | None:
+    """The first rank's record of an ok ``run_cases`` outcome that is not ``"ok"`` (a function
+    not written yet, or one that raised) as ``{"status", "message"}``; None when all are."""
+    stub = next((r for r in outcome["records"] if r["status"] != "ok"), None)
+    return None if stub is None else {"status": stub["status"], "message": stub["message"]}
+
+
+def settle(found: dict, phases) -> dict:
+    """``run_cases``'s outcomes with each case a rank reported a stub for replaced by that
+    report, and each other ok case given ``wire``: the bytes crossed in each of ``phases``."""
+    for name, outcome in found.items():
+        if outcome["status"] == "ok":
+            stub = reported_stub(outcome)
+            if stub:
+                found[name] = stub
+            else:
+                outcome["wire"] = crossed_in_phases(outcome["job"], name, phases)
+    return found
+
+
 def crossed_in_phases(job: RankJob, case: str, phases) -> dict:
     """``{phase: bytes}`` that crossed in each phase of ``case`` (marks ``f"{case}:start"``,
     then ``f"{case}:{phase}"``), or ``{"unavailable": why}``; a phase never reached is left out.

@@ -41,7 +41,7 @@ import pytest
 
 from autograder.grading import seeds
 from autograder.grading.checking import expect_array, load_beside, with_the_work
-from autograder.grading.rank_jobs import crossed_in_phases, held_at, peak_in_phase, run_cases
+from autograder.grading.rank_jobs import held_at, peak_in_phase, run_cases, settle
 from autograder.grading.submission import failure_from, not_implemented_yet
 from autograder.grading.traffic import expect_crossed
 from course.wire import gloo_bytes, gloo_messages
@@ -176,14 +176,7 @@ def _job(submission, seed, n):
         found = run_cases(submission, "torch", "training_rank", list(cases), lambda name: n,
                           lambda name, rank: _part(cases[name], name, rank, n), timeout=JOB_TIMEOUT_S,
                           idle_timeout=IDLE_TIMEOUT_S, count_wire=True)
-        for name, outcome in found.items():
-            if outcome["status"] == "ok":
-                stub = next((r for r in outcome["records"] if r["status"] != "ok"), None)
-                if stub:
-                    found[name] = {"status": stub["status"], "message": stub["message"]}
-                else:
-                    outcome["wire"] = crossed_in_phases(outcome["job"], name, ("steps",))
-        return cases, found
+        return cases, settle(found, ("steps",))
     return submission.once(("training_job", n), run)
 
 

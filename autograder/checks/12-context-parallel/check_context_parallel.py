@@ -34,7 +34,7 @@ import pytest
 
 from autograder.grading import seeds
 from autograder.grading.checking import expect_array, load_beside, with_the_work
-from autograder.grading.rank_jobs import crossed_in_phases, held_at_peak, run_cases
+from autograder.grading.rank_jobs import held_at_peak, run_cases, settle
 from autograder.grading.traffic import expect_crossed
 from course.wire import gloo_bytes, gloo_messages
 from autograder.grading.submission import failure_from, not_implemented_yet
@@ -352,14 +352,7 @@ def _job(submission, seed, P):
         found = run_cases(submission, "torch", "cases_rank", list(cases), lambda name: P,
                           lambda name, rank: _part(cases[name], rank), timeout=JOB_TIMEOUT_S,
                           idle_timeout=IDLE_TIMEOUT_S, count_wire=True, after_hang=after_hang)
-        for name, outcome in found.items():
-            if outcome["status"] == "ok":
-                stub = next((r for r in outcome["records"] if r["status"] != "ok"), None)
-                if stub:
-                    found[name] = {"status": stub["status"], "message": stub["message"]}
-                else:
-                    outcome["wire"] = crossed_in_phases(outcome["job"], name, ("forward", "backward"))
-        return cases, found
+        return cases, settle(found, ("forward", "backward"))
     return submission.once(("cases_job", P), run)
 
 

@@ -62,7 +62,7 @@ import pytest
 
 from autograder.grading import seeds
 from autograder.grading.checking import load_beside, with_the_work
-from autograder.grading.rank_jobs import crossed_in_phases, run_cases
+from autograder.grading.rank_jobs import crossed_in_phases, reported_stub, run_cases
 from autograder.grading.submission import failure_from, not_implemented_yet
 from autograder.grading.traffic import expect_crossed
 from course.fits import ring_allreduce_fit, spearman
@@ -163,9 +163,9 @@ def _job(submission, seed):
         for name, outcome in found.items():
             if outcome["status"] != "ok":
                 continue
-            stub = next((r for r in outcome["records"] if r["status"] != "ok"), None)
+            stub = reported_stub(outcome)
             if stub:
-                found[name] = {"status": stub["status"], "message": stub["message"]}
+                found[name] = stub
             elif "refuse" not in cases[name]:
                 ranks_ = [oracles.compare(r, cases[name]["plan"], cases[name]["model"], rank)
                           for rank, r in enumerate(outcome["records"])]
