@@ -2,6 +2,7 @@
 prepare inputs that make mistakes visible."""
 from __future__ import annotations
 
+import contextlib
 import inspect
 import re
 
@@ -404,4 +405,18 @@ def within(seconds, function, *args):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@contextlib.contextmanager
+def torch_on_one_thread():
+    """torch on one thread while the grader computes an answer: its oracles train small models,
+    and on a busy machine torch's pool of threads waits for cores (measured: 5 to 45 times slower)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 

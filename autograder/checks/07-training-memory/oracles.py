@@ -28,34 +28,22 @@ gradients, activations), the optimizer working on a float32 master copy.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import numpy as np
 import torch
 
+from autograder.grading.checking import torch_on_one_thread
 from course.models import GPTConfig, TinyGPT
 
 # Saved bytes and static terms do not depend on the weights; the profiled model's come from the grading's seed.
 WEIGHTS_SEED = 2026
 
 
-@contextlib.contextmanager
-def one_thread():
-    """torch on one thread while an oracle runs, as in the sandbox: these models are tiny, and
-    on a busy machine torch's thread pool made them 5 to 25 times slower (measured)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def _in_one_thread(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        with one_thread():
+        with torch_on_one_thread():
             return fn(*args, **kwargs)
     return wrapper
 

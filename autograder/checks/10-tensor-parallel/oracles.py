@@ -23,10 +23,10 @@ q, k and v by heads out of ``in_proj_weight``, vocabulary rows ``r*vocab/t ..``)
 the runtime holds, for the peak memory the launcher reads from outside.
 """
 
-import contextlib
 from dataclasses import dataclass
 
 from autograder.grading import seeds
+from autograder.grading.checking import torch_on_one_thread
 from autograder.grading.rank_jobs import crossed_in_phases, per_rank_in_phase, run_cases
 
 HIDDEN, HEADS, FFN, SEQ, BATCH, VOCAB = 32, 8, 48, 8, 2, 24
@@ -239,20 +239,6 @@ def _np(tensor):
     return tensor.detach().numpy()
 
 
-@contextlib.contextmanager
-def _one_thread():
-    """torch in the grader on one thread: these models are small, and a busy machine's
-    other cores make torch's thread pool wait (measured: 0.2 s on one thread, 9 s on two)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def module_case(dense: Dense, t: int, gradients=True) -> dict:
     """Run ``dense`` forward and backward (or forward only) here; each rank's part and want."""
     differentiable = dense.x.is_floating_point() and gradients
@@ -334,7 +320,7 @@ def cases(t: int, seed: int) -> dict:
     """{name: case} of every graded case on ``t`` ranks: ``parts`` (rank r's inputs, which it
     alone receives), ``want`` (what rank r must return), and what the checks read."""
     found = {}
-    with _one_thread():
+    with torch_on_one_thread():
         for name in CASES:
             found[name] = _case(name, t, seed)
     return found
@@ -356,7 +342,7 @@ def _case(name, t, seed):
 def memory_case(seed: int) -> dict:
     """ParallelMLP(BIG_HIDDEN, BIG_FFN) on BIG_T ranks, a forward pass: each rank's shards and
     tokens, and its output."""
-    with _one_thread():
+    with torch_on_one_thread():
         dense = _dense("mlp", BIG_T, _generator(seed, "memory"), hidden=BIG_HIDDEN, ffn=BIG_FFN, seq=BIG_SEQ,
                        batch=BIG_BATCH)
         case = module_case(dense, BIG_T, gradients=False)
