@@ -1,23 +1,32 @@
 """Lab 11's grader: its own dependency checker, timeline checker, simulator, schedules
 and brute-force partition are right (checked by hand and against the closed forms),
-the executor's table of op lists is the documented GPipe and 1F1B, and an executor
-that deadlocks costs its case only, within the timeout, with no process left behind.
-The simulator and schedules are the hidden oracles (``oracles_hidden.py``)."""
+the executor's table of op lists is the documented GPipe and 1F1B, the queries and
+schedules drawn from the seed keep their edge cases, the single-process oracle equals
+per-microbatch training and names the boundary tensors, each rank receives only its
+stage, and an executor that deadlocks costs its case only, within the timeout, with no
+process left behind. The simulator and schedules are the hidden oracles (``oracles_hidden.py``)."""
 import math
 import random
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from autograder.sandbox import Limits, run_call
+from autograder.sandbox import Limits
 from conftest import load_check_file
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = "11-pipeline-parallel"
 CHECKS = REPO / "autograder" / "checks" / LAB
 checks = load_check_file(LAB, "check_pipeline")
+executor = load_check_file(LAB, "check_pipeline_executor")
 oracles, hidden = checks.oracles, load_check_file(LAB, "oracles_hidden")
+# A valid order that is neither GPipe's nor 1F1B's, microbatches out of order (m = 4).
+SHUFFLED_2 = [[("F", 2, 0), ("F", 0, 0), ("F", 3, 0), ("B", 2, 0), ("B", 0, 0), ("F", 1, 0), ("B", 3, 0),
+               ("B", 1, 0)],
+              [("F", 2, 1), ("B", 2, 1), ("F", 0, 1), ("B", 0, 1), ("F", 3, 1), ("B", 3, 1), ("F", 1, 1),
+               ("B", 1, 1)]]
 
 # 1F1B on 2 devices, 2 microbatches, written out by hand.
 HAND_1F1B = [[("F", 0, 0), ("F", 1, 0), ("B", 0, 0), ("B", 1, 0)],
@@ -126,13 +135,101 @@ def test_the_timeline_check_passes_the_simulators_timeline_and_names_the_first_w
 
 
 def test_the_executor_table_is_the_documented_gpipe_and_1f1b():
-    for kind in ("gpipe", "1f1b"):
-        for p in (2, 4):
-            assert oracles.executor_schedule(kind, p) == hidden.make_schedule(p, checks.MICROBATCHES, kind)
-    for p in (2, 4):  # the shuffled one: valid, and neither of them
-        shuffled = oracles.executor_schedule("shuffled", p)
-        assert oracles.validate(shuffled, p, checks.MICROBATCHES) is None
-        assert all(shuffled != hidden.make_schedule(p, checks.MICROBATCHES, kind) for kind in ("gpipe", "1f1b"))
+    for kind, p, m in oracles.EXECUTOR_SCHEDULES:
+        assert oracles.executor_schedule(kind, p, m) == hidden.make_schedule(p, m, kind)
+
+
+def test_shuffled_and_deadlocked_schedules_are_drawn_as_documented():
+    rng = random.Random(3)
+    for p in (1, 2, 3, 4):
+        for m in (2, 4):
+            shuffled = oracles.shuffled_schedule(rng, p, m)
+            assert oracles.validate(shuffled, p, m) is None
+            assert all(shuffled != hidden.make_schedule(p, m, kind) for kind in ("gpipe", "1f1b"))
+        for m in (1, 3):
+            stuck = oracles.deadlocked_schedule(rng, p, m)
+            assert oracles.validate(stuck, p, m).startswith("deadlock"), stuck
+            with pytest.raises(RuntimeError, match="deadlock"):
+                hidden.simulate(stuck, 1, 2)
+
+
+def test_the_graded_queries_are_drawn_from_the_seed_and_keep_their_edge_cases():
+    first, second = checks.blocking(1), checks.blocking(2)
+    assert first != second and first == checks.blocking(1)
+    for cases in (first, second):
+        assert any(m < p for p, m in cases) and any(m > p and m % p == 0 for p, m in cases)
+        assert any(m > p and m % p for p, m in cases) and any(m == 1 < p for p, m in cases)
+        assert (1, 1) in cases and any(p == 1 < m for p, m in cases)
+    assert all(m % p == 0 for p, m, _ in checks.interleaved(5)) and any(p == 1 for p, _, _ in checks.interleaved(5))
+    assert checks._random_cases(1) != checks._random_cases(2)
+    assert checks._partition_cases(1) != checks._partition_cases(2)
+    assert checks._deadlocked(1)[-1] != checks._deadlocked(2)[-1]
+
+
+# --- the executor's model and what each rank receives -------------------------------------------
+
+def _whole(case):
+    """The case's model as torch modules, trained by torch's autograd on the whole batch at
+    once (mean loss): the same step as the oracle's, computed another way."""
+    import torch
+
+    modules = []
+    for i, (w, b) in enumerate(case["layers"]):
+        linear = torch.nn.Linear(w.shape[1], w.shape[0], dtype=torch.float64)
+        linear.weight.data, linear.bias.data = torch.tensor(w), torch.tensor(b)
+        modules += [linear] + ([torch.nn.Tanh()] if i < len(case["layers"]) - 1 else [])
+    model = torch.nn.Sequential(*modules)
+    loss = torch.nn.functional.mse_loss(model(torch.tensor(np.concatenate(case["xs"]))),
+                                        torch.tensor(np.concatenate(case["ys"])))
+    loss.backward()
+    return model, float(loss.detach())
+
+
+def test_the_single_process_oracle_equals_torch_autograd_and_names_the_boundaries():
+    import torch
+
+    case = executor._case(7, "shuffled", 4)
+    trained = oracles.train_whole_model(case["layers"], case["xs"], case["ys"], 4)
+    model, loss = _whole(case)
+    assert math.isclose(trained["loss"], loss, rel_tol=1e-12)
+    linears = [m for m in model if isinstance(m, torch.nn.Linear)]
+    for (dw, db), linear in zip(trained["grads"], linears):
+        assert np.allclose(dw, linear.weight.grad.numpy(), rtol=0, atol=1e-14)
+        assert np.allclose(db, linear.bias.grad.numpy(), rtol=0, atol=1e-14)
+    h = torch.tensor(case["xs"][2])
+    for s in range(3):  # stage s's output of microbatch 2 is what it sends forward
+        h = model[4 * s:4 * s + 4](h)
+        assert np.allclose(trained["outputs"][s][2], h.detach().numpy(), atol=1e-15)
+        assert oracles.carried(h.detach().numpy(), s + 1, s, trained) == ["F", 2]
+        assert oracles.carried(h.detach().numpy(), s - 1, s, trained) is None  # to the wrong neighbour
+    # the last stage's input gradient of microbatch 1: its share (1/m) of the whole batch's mean loss
+    x3 = torch.tensor(trained["outputs"][2][1], requires_grad=True)
+    (torch.nn.functional.mse_loss(model[12:](x3), torch.tensor(case["ys"][1])) / 4).backward()
+    assert np.allclose(trained["input_grads"][3][1], x3.grad.numpy(), rtol=0, atol=1e-15)
+    assert oracles.carried(trained["input_grads"][3][1], 2, 3, trained) == ["B", 1]
+    assert oracles.carried(np.zeros((3, 8)), 2, 3, trained) is None and oracles.carried(None, 2, 3, trained) is None
+
+
+def test_each_rank_receives_only_its_stage():
+    case = executor._case(7, "gpipe", 4)
+    parts = [executor._part(case, rank) for rank in range(4)]
+    assert [("microbatches" in part, "targets" in part) for part in parts] == [
+        (True, False), (False, False), (False, False), (False, True)]
+    for rank, part in enumerate(parts):
+        assert [layer["weight"].tolist() for layer in part["weights"]] == [
+            w.tolist() for w, _ in case["layers"][2 * rank:2 * rank + 2]]
+        assert part["ops"] == case["schedule"][rank] and part["m"] == executor.MICROBATCHES
+    assert [layer["last"] for part in parts for layer in part["weights"]] == [False] * 7 + [True]
+    assert executor._case(7, "gpipe", 4)["xs"][0].tolist() == case["xs"][0].tolist()
+    assert executor._case(8, "gpipe", 4)["xs"][0].tolist() != case["xs"][0].tolist()
+
+
+def test_the_memory_case_keeps_8_mib_per_microbatch_and_sends_16_kib():
+    dims, rows = executor.MEMORY["dims"], executor.MEMORY["rows"]
+    assert executor.held_per_microbatch(dims, rows, 2) == 8 * 2**20
+    case = executor._case(0, "1f1b memory", 2, dims, rows, executor.MEMORY["microbatches"])
+    assert math.prod(case["activation_shape"]) * 8 == 16 * 2**10
+    assert oracles.peak_in_flight(case["schedule"]) == [2, 1]
 
 
 # --- the executor's messages -------------------------------------------------------------------
@@ -164,7 +261,8 @@ def _batched(rank, events):
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b", "shuffled"])
 def test_messages_in_the_schedules_order_pass_and_so_do_batched_receives(kind):
     for p in (2, 4):
-        schedule = oracles.executor_schedule(kind, p)
+        schedule = (oracles.shuffled_schedule(random.Random(p), p, 4) if kind == "shuffled"
+                    else oracles.executor_schedule(kind, p))
         assert oracles.message_problem(schedule, _posted(schedule), SHAPE) is None
         batched = _posted(schedule, _batched)
         assert batched != _posted(schedule) or kind == "gpipe" and p == 2
@@ -187,7 +285,7 @@ def test_whole_batch_messages_and_shuffled_microbatches_are_named():
               {"kind": "send", "peer": 0, "tag": 0, "shape": [12, 8], "carries": None}]]
     assert oracles.message_problem(gpipe, whole, SHAPE).startswith(
         "rank 0's message 1 (send to rank 1) has shape (12, 8); every message is one microbatch's")
-    shuffled = oracles.executor_schedule("shuffled", 2)
+    shuffled = SHUFFLED_2
     assert oracles.message_problem(shuffled, _posted(oracles.executor_schedule("1f1b", 2)), SHAPE).startswith(
         "rank 0 (ops F2 F0 F3 B2 B0 F1 B3 B1): its send number 1 is F0 to rank 1, expected F2 to rank 1")
 
@@ -216,31 +314,37 @@ def test_brute_force_partition_on_tiny_cases():
     assert oracles.brute_force_partition([7], 1) == 7
 
 
-def test_the_partition_queries_have_a_unique_best_value_to_compare():
-    for costs, p, speeds in checks.PLAIN_PARTITIONS + checks.SPEED_PARTITIONS:
-        assert 1 <= p <= len(costs) and (speeds is None or len(speeds) == p)
+def test_the_partition_queries_are_well_formed():
+    for seed in range(20):
+        plain, speeds = checks._partition_cases(seed)
+        for costs, p, speeds_of in plain + speeds:
+            assert 1 <= p <= len(costs) and (speeds_of is None or len(speeds_of) == p)
 
 
 @pytest.mark.slow
 def test_an_executor_deadlock_costs_its_case_only_and_leaves_no_process(make_submission, our_processes):
-    """Blocking sends: GPipe works, 1F1B hangs (both neighbours send at once). The job is stopped
-    once its ranks idle (course.dist's idle_timeout), well before its 60 s timeout."""
-    folder = make_submission(LAB, "pipeline.py", [
-        ("                sends.append((dist.isend(sent, dst=peer(rank + 1), group=group, tag=mb), sent))\n",
-         "                dist.send(sent, dst=peer(rank + 1), group=group, tag=mb)\n"),
-        ("                sends.append((dist.isend(sent, dst=peer(rank - 1), group=group, tag=mb), sent))\n",
-         "                dist.send(sent, dst=peer(rank - 1), group=group, tag=mb)\n")])
-    request = {"submission": str(folder), "target": {"kind": "harness", "path": str(CHECKS / "harness.py"),
-                                                     "func": "executor_job"},
-               "args": [2, checks.executor_cases(2), 60], "kwargs": {}}
+    """Blocking sends: GPipe works, 1F1B hangs (both neighbours send at once) and the shuffled
+    case after it is not run. The job is stopped once its ranks idle, well before its timeout."""
+    from autograder.grading.labs import find_lab
+    from autograder.grading.runner import child_environment
+    from autograder.grading.submission import Submission
+    from fixtures.buggy_11 import BUGS
+
+    bug = next(b for b in BUGS if b.name.startswith("executor with blocking sends"))
+    folder = make_submission(LAB, bug.file, bug.edits)
+    submission = Submission(folder, CHECKS / "harness.py", "cpu", Limits(timeout_s=120, memory_mb=6144),
+                            child_environment("cpu", find_lab(LAB)))
     start = time.monotonic()
-    outcome = run_call(request, Limits(timeout_s=120, memory_mb=6144))
+    try:
+        cases = {name: outcome for name, (_, outcome) in executor._job(submission, 0, 2).items()}
+    finally:
+        submission.close()
     elapsed = time.monotonic() - start
-    assert outcome.status == "ok", outcome
-    assert outcome.value["gpipe"]["status"] == "ok", outcome.value
-    assert outcome.value["1f1b"]["status"] == "timeout", outcome.value
-    assert "likely deadlock" in outcome.value["1f1b"]["message"], outcome.value
-    assert "no rank having used the CPU for 5 s" in outcome.value["1f1b"]["message"], outcome.value
+    assert cases["gpipe"]["status"] == "ok", cases
+    assert cases["1f1b"]["status"] == "timeout", cases
+    assert "likely deadlock" in cases["1f1b"]["message"], cases
+    assert "no rank having used the CPU for 5 s" in cases["1f1b"]["message"], cases
+    assert cases["shuffled"]["status"] == "timeout" and "not run" in cases["shuffled"]["message"], cases
     assert elapsed < 40
     time.sleep(0.5)
     assert our_processes() == []

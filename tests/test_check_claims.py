@@ -1,7 +1,7 @@
 """Every check's title is a promise to the student and the instructor; this table
 names, for every check of every lab, the buggy fixture that breaks what the
-title claims (a ``Bug`` of ``tests/fixtures/buggy*.py``, by its name), or says
-why no fixture can.
+title claims (a ``Bug`` of ``tests/fixtures/buggy*.py``, by its name; where only a
+shortcut breaks it, one of ``tests/fixtures/shortcut*.py``), or says why no fixture can.
 
 ``tests/test_buggy_submissions.py`` grades each fixture on the checks it names
 and their neighbours, and shows that it loses exactly their points. This test
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from conftest import fixtures, k2c
 
-BUGS, _ = fixtures("buggy*", "BUGS")
+BUGS = fixtures("buggy*", "BUGS")[0] + fixtures("shortcut*", "SHORTCUTS")[0]
 
 
 @dataclass(frozen=True)
@@ -155,6 +155,8 @@ CLAIMS = {
         'activations_match_traced_run': 'attention scores, softmax and its mask left out (the as²b terms)',
         'checkpointed_activations_match_traced_run': "checkpointing that still counts every block's activations",
         'peak_adds_up': 'peak leaves out the block recomputed during backward',
+        'estimates_at_scale': 'attention scores, softmax and its mask left out (the as²b terms)',
+        'estimates_are_computed_not_run': 'activations traced from a forward pass of the same model on the meta device',
         'profile_step_trains': 'profile_step profiles the forward pass only',
         'profile_step_counts_matmuls[plain]': 'profile_step profiles the forward pass only',
         'profile_step_counts_matmuls[checkpointed]': 'profile_step profiles the forward pass only',
@@ -226,6 +228,7 @@ CLAIMS = {
         'executor_gpipe_matches_single_process': 'executor: microbatch loss not divided by m',
         'executor_1f1b_matches_single_process': 'executor with blocking sends: 1F1B deadlocks',
         'executor_follows_the_schedule': 'executor ignores the schedule: the whole batch through the stages once, no microbatches',
+        'executor_1f1b_holds_p_microbatches': "executor keeps every microbatch's output and graph (retain_graph=True, never dropped)",
     },
     "12-context-parallel": {
         'local_attention': 'local_attention scales the scores by 1/d instead of 1/sqrt(d)',
@@ -285,7 +288,7 @@ CLAIMS = {
         'search_on_one_device': "search caps a stage's memory by the budget, not by its devices' own memory",
         'search_raises_when_nothing_fits': 'search ignores the memory budget',
         'search_scales_to_large_clusters': 'search ignores the memory budget',
-        'search_matches_brute_force_on_more_cases': 'greedy search: the most promising shape that fits, never the others',
+        'search_matches_brute_force_on_more_cases': 'search ignores the memory budget',
     },
 }
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from autograder.grading.labs import find_lab
-from autograder.grading.rank_jobs import crossed_in_phases, per_rank_in_phase, run_cases
+from autograder.grading.rank_jobs import cpu_in_phase, crossed_in_phases, held_at, peak_in_phase, per_rank_in_phase, run_cases
 from autograder.grading.runner import child_environment
 from autograder.grading.submission import Submission
 from autograder.sandbox import Limits, isolation
@@ -70,7 +70,28 @@ def test_the_launcher_measures_bytes_per_rank_and_peak_memory(pried):
         assert all(sent >= (3 - 1) / 3 * nbytes for sent in per_rank), per_rank
     held = [peak - base for peak, base in zip(job.peak_bytes, job.baseline_bytes)]
     assert all(h >= 90 * 2**20 for h in held), held  # the 96 MiB each held, clear_refs notwithstanding
+    # and its clock at each mark: the 0.2 s each rank slept between them, timed from outside
+    assert 0 < job.mark_times["sum:start"] < job.mark_times["sum:start"] + 0.2 <= job.mark_times["sum:done"]
+    assert job.mark_times["sum:done"] <= job.duration_s
     assert job.memory_tampered == []
+
+
+def test_a_mark_can_start_the_peak_afresh_so_a_phase_is_measured_alone():
+    submission = _submission("09")
+    try:
+        job = submission.rank_job("torch", "memory_phases_rank", [[{}]], timeout=60)
+    finally:
+        submission.close()
+    assert job.status == "ok", job.explain()
+    mib = 2**20
+    held = held_at(job, "phase:end")[0] - held_at(job, "phase:start")[0]
+    (peak,), own = peak_in_phase(job, "phase:start", "phase:end")
+    assert own and "phase:start" in job.fresh_peaks
+    assert 15.5 * mib <= held <= 17 * mib, held / mib  # the 16 MiB kept
+    assert 23.5 * mib <= peak <= 26 * mib, peak / mib  # and 8 MiB more for a moment; not the 64 MiB before
+    assert job.peak_bytes[0] - job.baseline_bytes[0] >= 63 * mib  # the whole job's peak keeps the 64 MiB
+    assert job.memory_tampered == [] and not job.flags  # the launcher's own restart is no tampering
+    assert peak_in_phase(job, "phase:start", "never") is None
 
 
 def test_run_cases_reports_the_case_that_failed_and_runs_the_rest():
@@ -85,3 +106,30 @@ def test_run_cases_reports_the_case_that_failed_and_runs_the_rest():
     assert [r["rank"] for r in out["ok-3"]["records"]] == [0, 1]
     assert out["stub"]["status"] == "not_implemented" and "torch_step" in out["stub"]["message"]
     assert out["hang"]["status"] == "timeout" and "likely deadlock" in out["hang"]["message"]
+
+
+def test_the_launcher_counts_each_ranks_cpu_seconds_between_marks():
+    submission = _submission("07")
+    try:
+        job = submission.rank_job("torch", "cpu_rank", [{"busy_s": 0.4, "sleep_s": 0.4}], timeout=60)
+    finally:
+        submission.close()
+    assert job.status == "ok", job.explain()
+    [busy], [slept] = cpu_in_phase(job, "start", "busy"), cpu_in_phase(job, "busy", "slept")
+    assert 0.35 <= busy <= 1.0, busy  # its own CPU time, read from outside; a busy machine does not add to it
+    assert slept < 0.1, slept  # asleep: wall time passes, CPU time does not
+    assert cpu_in_phase(job, "start", "never made") == [None]
+
+
+def test_a_job_that_times_its_ranks_keeps_the_allocators_reuse():
+    """exact_peaks (the default) sends every allocation of 1 MiB or more to the kernel and back,
+    so that VmHWM is what a rank held at once, at the price of its page faults each time; a job
+    that times its ranks (lab 13's run_plan) asks for the allocator's usual reuse instead."""
+    submission = _submission("13")
+    try:
+        faults = {exact: submission.rank_job("torch", "faults_rank", [[]], timeout=60, exact_peaks=exact)
+                  .outputs[0][0]["faults"] for exact in (True, False)}
+    finally:
+        submission.close()
+    pages = 40 * 2**22 // 4096
+    assert faults[True] > pages / 4 > 2 * faults[False], faults  # measured: 20594 and 1573 of 40960 pages

@@ -93,6 +93,8 @@ def _course(root, solution, starter):
         (root / folder).mkdir(parents=True)
     for name in ("pyproject.toml", "environment.yml", "scripts/slurm-localhost.sh"):
         (root / name).write_text("")
+    (root / "docs").mkdir()
+    (root / "docs/student-guide.md").write_text("# Student guide\n\n## Hidden checks\n\nSome.\n")  # the README's link
     (root / "solutions/01-x/m.py").write_text(solution)
     (root / "labs/01-x/m.py").write_text(starter)
     return root
@@ -192,6 +194,29 @@ def test_a_public_check_that_uses_a_hidden_module_refuses_the_release(tmp_path, 
     with pytest.raises(ReleaseError, match=r"check_x\.py uses (oracles|check_x)_hidden, which is not released"):
         release(source, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_public_check_may_load_a_hidden_oracle_where_it_is_there(tmp_path):
+    """load_hidden_beside: None in the student repository, so the public check grades there
+    without it; the same name through load_beside still refuses the release."""
+    public = ('from autograder.grading.checking import load_hidden_beside\n'
+              'hidden = load_hidden_beside(__file__, "oracles_hidden")\n')
+    files = contents(_hidden_lab(tmp_path, public))
+    assert "autograder/checks/01-x/oracles_hidden.py" not in files
+    assert files["autograder/checks/01-x/check_x.py"][0].decode() == public
+    with pytest.raises(ReleaseError, match=r"check_x\.py uses oracles_hidden"):
+        contents(_hidden_lab(tmp_path / "again", public + 'also = load_beside(__file__, "oracles_hidden")\n'))
+
+
+def test_load_hidden_beside_is_none_where_the_release_left_the_module_out(tmp_path):
+    from autograder.grading.checking import load_hidden_beside
+
+    (tmp_path / "check_y.py").write_text("")
+    assert load_hidden_beside(str(tmp_path / "check_y.py"), "oracles_hidden") is None
+    (tmp_path / "oracles_hidden.py").write_text("ANSWER = 42\n")
+    assert load_hidden_beside(str(tmp_path / "check_y.py"), "oracles_hidden").ANSWER == 42
+    with pytest.raises(ValueError, match="use load_beside"):
+        load_hidden_beside(str(tmp_path / "check_y.py"), "oracles")
 
 
 @pytest.mark.parametrize("toml, why", [

@@ -341,6 +341,20 @@ def load_beside(check_file: str, name: str):
     return sys.modules[key]
 
 
+def load_hidden_beside(check_file: str, name: str):
+    """The hidden module ``name`` beside ``check_file`` (a ``*_hidden.py`` of lab.toml's
+    ``hidden``), or None where it is not there: in the student repository, which ``k2c
+    release`` writes without it. A public check grades with it what only the hidden oracles
+    can answer (cases drawn from the grading's seed) wherever the instructor grades, and
+    says, where it is None, that the student's own grading does not grade those. The
+    release lets a public check name a hidden module only through this function."""
+    from pathlib import Path
+
+    if not name.endswith("_hidden"):
+        raise ValueError(f"load_hidden_beside loads a hidden module (*_hidden), not {name!r}: use load_beside")
+    return load_beside(check_file, name) if Path(check_file).with_name(f"{name}.py").is_file() else None
+
+
 def plain(value, tuples=True):
     """A student's value as plain data the codec carries (None, bools, numbers,
     str, lists, tuples, dicts with str keys): numpy and torch scalars become

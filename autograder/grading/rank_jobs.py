@@ -35,7 +35,12 @@ class RankJob:
     errors: list = field(default_factory=list)  # per rank: None, or {"status", "message", "type", "where"}
     finished: list = field(default_factory=list)
     marks: dict = field(default_factory=dict)  # name -> (bytes crossed by then, [bytes each rank had sent])
-    peak_bytes: list = field(default_factory=list)  # per rank: VmHWM (or the most VmRSS sampled) at its last mark
+    # name -> per rank, [VmRSS at the mark, VmHWM since the last mark that started it afresh] (None: not in the mark)
+    memory: dict = field(default_factory=dict)
+    fresh_peaks: set = field(default_factory=set)  # the marks at which every rank's high-water mark started afresh
+    cpu_s: dict = field(default_factory=dict)  # name -> [CPU seconds each rank had used by then; None: not its mark]
+    mark_times: dict = field(default_factory=dict)  # name -> seconds since the job started (the launcher's clock)
+    peak_bytes: list = field(default_factory=list)  # per rank: VmHWM (or the most VmRSS sampled) over the whole job
     baseline_bytes: list = field(default_factory=list)  # per rank: VmRSS once it had read its inputs
     wire: dict = field(default_factory=dict)  # {"bytes", "connections"} in all, or {"unavailable": why}
     kept_apart: str = ""  # "" where each rank had a user, /tmp and /dev/shm of its own; else what was shared
@@ -91,6 +96,8 @@ def decode(kind: str, value: dict) -> RankJob:
         kind=kind, n=len(value["ranks"]), status=value["status"], outputs=outputs,
         errors=[r["error"] for r in value["ranks"]], finished=list(value["finished"]),
         marks={m[0]: (m[1], m[2]) for m in value["marks"]},
+        memory={m[0]: m[3] for m in value["marks"]}, fresh_peaks={m[0] for m in value["marks"] if m[4]},
+        cpu_s={m[0]: m[5] for m in value["marks"]}, mark_times={m[0]: m[6] for m in value["marks"]},
         peak_bytes=[r["peak_bytes"] for r in value["ranks"]], baseline_bytes=[r["baseline_bytes"] for r in value["ranks"]],
         wire=value["wire"], kept_apart=value["kept_apart"], own_users=value["own_users"],
         duration_s=value["duration_s"],
@@ -183,3 +190,40 @@ def per_rank_in_phase(job: RankJob, case: str, phase: str, previous: str = "star
     if not job.own_users or not before or not after or before[1] is None or after[1] is None:
         return None  # ranks that share the grader's user: their sockets cannot say whose they are
     return [b - a for a, b in zip(before[1], after[1])]
+
+
+def held_at(job: RankJob, mark: str) -> list | None:
+    """What each rank held (resident memory, read by the launcher) at ``mark``; None where
+    the job never reached it."""
+    found = job.memory.get(mark)
+    return None if found is None else [None if m is None else m[0] for m in found]
+
+
+def held_at_peak(job: RankJob, mark: str) -> list | None:
+    """Each rank's peak memory by ``mark`` (its high-water mark since the job started, or since
+    a mark that started it afresh), read by the launcher; None where the job never reached it."""
+    found = job.memory.get(mark)
+    return None if found is None else [None if m is None else m[1] for m in found]
+
+
+def peak_in_phase(job: RankJob, start: str, end: str) -> tuple[list, bool] | None:
+    """(each rank's peak memory between the marks ``start`` and ``end`` above what it held at
+    ``start``, whether that peak is the phase's own): own where the launcher started the
+    high-water marks afresh at ``start`` (``ranks.mark(start, fresh_peak=True)``), else the
+    peak since an earlier mark, which can only read higher. None where a mark is missing."""
+    before, after = job.memory.get(start), job.memory.get(end)
+    if before is None or after is None:
+        return None
+    return ([None if a is None or b is None else a[1] - b[0] for b, a in zip(before, after)],
+            start in job.fresh_peaks)
+
+
+
+def cpu_in_phase(job: RankJob, previous: str, phase: str) -> list:
+    """The CPU seconds each rank used between its marks ``previous`` and ``phase`` (the
+    kernel's count, read by the launcher from outside the rank); None for a rank that did
+    not make both marks."""
+    before, after = job.cpu_s.get(previous), job.cpu_s.get(phase)
+    if before is None or after is None:
+        return [None] * job.n
+    return [None if a is None or b is None else b - a for a, b in zip(before, after)]

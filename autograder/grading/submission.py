@@ -236,11 +236,14 @@ class Submission:
         return self._run({"kind": "harness", "path": str(self.harness_path), "func": func}, args, kwargs)
 
     def rank_job(self, kind: str, func: str, inputs: list, *, timeout: float, idle_timeout: float | None = None,
-                 count_wire: bool = False, env: dict | None = None):
+                 count_wire: bool = False, env: dict | None = None, exact_peaks: bool = True):
         """Run the harness's rank function ``func`` on ``len(inputs)`` ranks (``kind``: "torch"
         or "mpi"), rank r receiving ``inputs[r]`` alone (``autograder.sandbox.ranks``); the
         decoded ``autograder.grading.rank_jobs.RankJob``. Raises ``SubmissionError`` only when
-        the launcher itself failed; a job that hung or raised comes back with its status."""
+        the launcher itself failed; a job that hung or raised comes back with its status.
+        ``exact_peaks=False`` for a job that times its ranks rather than reads their peak
+        memory: large temporaries then come from the allocator's reused memory, as they
+        would outside the grader, not fresh from the kernel each time."""
         import shutil
 
         from autograder.grading.rank_jobs import decode
@@ -250,7 +253,8 @@ class Submission:
             self._sandbox = (self.sandbox_for or Sandbox)(str(self.path), self.limits, self.env)
         paths = self._sandbox.stage_rank_inputs([codec.encode(part) for part in inputs])
         job = {"kind": kind, "target": f"{self.harness_path}:{func}", "n": len(inputs), "inputs": paths,
-               "timeout": timeout, "idle_timeout": idle_timeout, "count_wire": count_wire, "env": env or {}}
+               "timeout": timeout, "idle_timeout": idle_timeout, "count_wire": count_wire, "env": env or {},
+               "exact_peaks": exact_peaks}
         try:
             value = self._run({"kind": "ranks", "job": job}, [], {})
         finally:

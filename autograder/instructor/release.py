@@ -18,7 +18,8 @@ Guards refuse a release before anything is written: ``labs/`` must be in sync
 with ``solutions/`` (the instructor ships the starters they have seen); each
 ``hidden`` list must name files that exist, all of them ``*_hidden``, and every
 ``*_hidden`` file; no released check may import or name (``load_beside``) a
-module the release leaves out; and no solution region may appear in any
+module the release leaves out, but through ``load_hidden_beside``, which is None
+there (the check then grades what it can without it); and no solution region may appear in any
 released file, notebooks included (a hint that spells out the answer, a helper
 or lecture that copies one), nor more than half of any region's token 5-grams
 (``autograder.instructor.overlap``: the lecture that shows the lab's own code
@@ -177,15 +178,22 @@ def hidden_checks(source: Path) -> set[str]:
 
 def _names_used(code: str) -> set[str]:
     """Every module name a file imports (each dotted part) and every string constant in it
-    that could name one (``load_beside(__file__, "oracles")``)."""
+    that could name one (``load_beside(__file__, "oracles")``), but a hidden module it loads
+    with ``load_hidden_beside``: that call is None where the module is left out, and the
+    check grades without it (the student's own grading)."""
+    tree = ast.parse(code)
+    optional = {id(arg) for node in ast.walk(tree) if isinstance(node, ast.Call)
+                and getattr(node.func, "id", getattr(node.func, "attr", "")) == "load_hidden_beside"
+                for arg in node.args[1:2]}
     names = set()
-    for node in ast.walk(ast.parse(code)):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(part for alias in node.names for part in alias.name.split("."))
         elif isinstance(node, ast.ImportFrom):
             names.update((node.module or "").split("."))
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier()
+              and id(node) not in optional):
             names.add(node.value)
     return names
 
@@ -491,5 +499,7 @@ here changes only what you see. That copy also runs a few hidden checks, which
 are not in this repository: the same functions on other inputs, against the
 complete reference answers (the public checks give you feedback on every
 function; [the student guide](STUDENT-GUIDE.md#hidden-checks) lists what each
-lab's hidden checks test).
+lab's hidden checks test). In lab 13 it also grades, in each planner check,
+cases drawn for that grading; here those checks grade their public cases only,
+and say so ("drawn cases not graded here").
 """

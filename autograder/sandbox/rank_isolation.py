@@ -117,7 +117,11 @@ def _private_mounts(keep) -> None:
         _check(_libc.mount(b"tmpfs", folder.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options),
                f"mount tmpfs on {folder}")
     for path, fd in held.items():
-        os.makedirs(path, mode=0o755, exist_ok=True)  # root's, in the rank's fresh tmpfs: it cannot change them
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            os.makedirs(path, mode=0o755, exist_ok=True)  # root's, in the rank's fresh tmpfs: it cannot change them
+        else:  # a single file (a package's __init__.py): a bind mount needs a file to cover
+            os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o444))
         source = f"/proc/self/fd/{fd}".encode()
         _check(_libc.mount(source, path.encode(), None, MS_BIND | MS_REC, None), f"show {path} again")
         _check(_libc.mount(None, path.encode(), None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None),

@@ -16,9 +16,14 @@ What comes back is plain data, measured from outside the ranks or carried
 undecoded: each rank's ``emit``-ted values as codec bytes (the grader decodes and
 compares them with its own answer), its error if it raised, its peak resident
 memory above what it held when it had read its inputs (``VmHWM``, read by the
-launcher from ``/proc``), and with ``count_wire`` the bytes that crossed between
-the ranks by each ``mark``, in all and per rank (the kernel's TCP counters,
-``course.wire``, attributed by each socket's owner, the rank's user).
+launcher from ``/proc``), at each ``mark`` what each rank held (``VmRSS``) and its
+peak since the last mark that started the peaks afresh (``fresh_peak``: the
+launcher writes the rank's ``clear_refs``), and with ``count_wire`` the bytes that
+crossed between the ranks by each ``mark``, in all and per rank (the kernel's TCP
+counters, ``course.wire``, attributed by each socket's owner, the rank's user),
+and the CPU seconds each rank had used by each of its marks (the kernel's count of
+its threads' user and system time, ``/proc/PID/stat``), which nothing a rank does can lower,
+and the launcher's clock at each mark.
 
 Each rank talks to the launcher over one connected unix socket, in frames of
 one kind byte, a 4-byte length and a body; the launcher reads the kind and the
@@ -127,11 +132,14 @@ def emit(value) -> None:
     send(_channel, EMIT, codec.encode(value))
 
 
-def mark(name: str, ranks: int | None = None, timeout: float = 60) -> None:
+def mark(name: str, ranks: int | None = None, timeout: float = 60, fresh_peak: bool = False) -> None:
     """Made by ranks 0 .. ``ranks`` - 1 (all by default), each once, with the same ``name``:
-    the launcher notes the bytes that have crossed and each rank's peak memory by then,
-    and each rank waits until it has."""
-    send(_channel, MARK, json.dumps({"name": name, "ranks": ranks}).encode())
+    the launcher notes the bytes that have crossed, and each rank's resident memory and
+    peak memory and the CPU seconds it has used and the time by then (the launcher's
+    clock, when the last of them made the mark), and each rank waits until it has. With ``fresh_peak`` the
+    launcher then starts each rank's high-water mark afresh at what it holds now, so that
+    the next mark's peak is that phase's own, not an earlier phase's."""
+    send(_channel, MARK, json.dumps({"name": name, "ranks": ranks, "fresh_peak": fresh_peak}).encode())
     _channel.settimeout(timeout)
     try:
         kind, _ = receive(_channel)
@@ -276,8 +284,11 @@ def _honest_peaks() -> None:
 
 def _enter(rank: int, job: dict) -> None:
     """Before anything of the student's: kept apart (where the launcher may), the rank's
-    own scratch folder as HOME and TMPDIR, no environment naming the launcher's."""
-    _honest_peaks()
+    own scratch folder as HOME and TMPDIR, no environment naming the launcher's; honest
+    peaks unless the job times its ranks instead (``exact_peaks`` false: every large
+    temporary then costs its page faults again, which doubled lab 13's larger step times)."""
+    if job.get("exact_peaks", True):
+        _honest_peaks()
     rank_isolation.enter(rank, job["keep"])
     os.environ.update(HOME="/tmp", TMPDIR="/tmp", USER=f"rank{rank}", LOGNAME=f"rank{rank}")
     import tempfile
@@ -355,7 +366,8 @@ class _Rank:
         self.audit = bytearray()
         self.error: dict | None = None
         self.ready = self.done = self.told = False
-        self.baseline = self.peak = self.sampled = 0  # bytes: VmRSS when ready; VmHWM; the most VmRSS sampled
+        # bytes: VmRSS when ready; VmHWM over the whole job; the most VmRSS sampled since the peak last started afresh
+        self.baseline = self.peak = self.sampled = 0
         self.exit = None
         self.tampered = False  # its VmHWM fell below what the launcher had seen it hold: reset from inside
 
@@ -373,28 +385,58 @@ class _Rank:
                 return
             self.audit += data
 
-    def read_peak(self) -> None:
-        """Its high-water mark now, which can only grow; a sample above it means it was reset."""
-        high = _status_bytes(self.pid, "VmHWM")
+    def read_memory(self) -> list[int]:
+        """[what it holds now (VmRSS), its peak since its high-water mark last started afresh
+        (VmHWM, which only the launcher resets: a sample above it means it was reset from inside)]."""
+        held, high = _status_bytes(self.pid, "VmRSS", "VmHWM")
         self.tampered |= self.sampled > high + 2**20
-        self.peak = max(self.peak, high, self.sampled)
+        peak = max(high, self.sampled, held)
+        self.peak = max(self.peak, peak)
+        return [held, peak]
+
+    def restart_peak(self) -> bool:
+        """Start its high-water mark afresh at what it holds now (``clear_refs``, which the rank
+        itself cannot write: ``rank_isolation`` masks it); False where this launcher may not."""
+        try:
+            with open(f"/proc/{self.pid}/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            return False
+        self.sampled = 0
+        return True
 
 
-def _status_bytes(pid: int, field: str) -> int:
+def _cpu_seconds(pid: int) -> float | None:
+    """User and system CPU seconds the process's threads have used (``/proc/PID/stat``,
+    fields 14 and 15, in clock ticks); None when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _status_bytes(pid: int, *fields: str):
+    """Each field of ``/proc/PID/status`` in bytes (0 where it cannot be read): one value for
+    one field, else a list."""
+    found = dict.fromkeys(fields, 0)
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
+                name = line.split(":", 1)[0]
+                if name in found:
+                    found[name] = int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return 0
+    values = [found[field] for field in fields]
+    return values[0] if len(values) == 1 else values
 
 
 def launch(job: dict) -> dict:
     """Run ``job`` (see the module docstring: ``kind`` torch or mpi, ``target``
     "harness.py:function", ``n``, ``inputs`` (a file per rank), ``submission``,
-    ``timeout``, ``idle_timeout``, ``count_wire``, ``env``); return what came back and
+    ``timeout``, ``idle_timeout``, ``count_wire``, ``env``, ``exact_peaks``); return what came back and
     what was measured, as plain data."""
     from course.wire import Connections, available as wire_available
 
@@ -458,14 +500,20 @@ def launch(job: dict) -> dict:
                     if len(group) >= (wanted["ranks"] or n):
                         if seen is not None:
                             seen.sample()
-                        for member in group:
-                            ranks[member].read_peak()
-                        marks.append([wanted["name"], *_crossed(seen, n)])
+                        memory, fresh = [None] * n, bool(wanted.get("fresh_peak"))
+                        for member in sorted(group):
+                            memory[member] = ranks[member].read_memory()
+                            if wanted.get("fresh_peak"):
+                                fresh = ranks[member].restart_peak() and fresh
+                        cpu = [_cpu_seconds(ranks[r].pid) if r in group else None for r in range(n)]
+                        # the launcher's clock when the last rank made it: a step timed between
+                        # marks is timed from outside the ranks
+                        marks.append([wanted["name"], *_crossed(seen, n), memory, fresh, cpu, time.monotonic() - start])
                         for member in sorted(group):
                             ranks[member].reader.send(GO)
                         del waiting[wanted["name"]]
                 elif kind == DONE:
-                    rank.read_peak()
+                    rank.read_memory()
                     rank.done = True
                 elif kind == ERROR:
                     rank.error = json.loads(body)

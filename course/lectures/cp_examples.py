@@ -3,8 +3,10 @@
 Two halves. The first is plain NumPy and torch on one process: the softmax
 average of one block of scores with its log-sum-exp, the merge of two blocks'
 results, the online softmax over blocks of scores, the two sequence layouts
-and their causal work per rank, and a transformer block whose attention never
-stores its score matrix (for the memory measurements). The second runs on the
+and their causal work per rank, a transformer block whose attention never
+stores its score matrix (for the memory measurements), attention's backward
+one block of keys at a time against torch's autograd, and the backward ring
+simulated rank by rank in one process. The second runs on the
 ranks of ``course.dist.run`` (each rank is a new Python process, so it lives
 in a module, not in the notebook): the *communication patterns* of context
 parallelism shown on other computations — a ring that passes blocks of points
@@ -147,7 +149,136 @@ def saved_bytes(module, x):
     return saved.nbytes
 
 
-# --- 4. the ring, on another computation: a kernel summed over all pairs of points -------------------
+# --- 4. attention's backward, one block of keys at a time, and its ring (NumPy, one process) ---------
+
+
+def autograd_attention(q, k, v, dout, visible=None):
+    """What torch's autograd finds for attention written out step by step, in float64:
+    ``out``, each row's ``lse``, and the gradient of the loss ``(out * dout).sum()``
+    with respect to the ``scores`` q·kᵀ/√d, the ``probs`` softmax(scores) and
+    ``q``, ``k``, ``v``. ``visible[i, j]`` False hides key j from query i (every
+    query must see a key). NumPy arrays ``[..., s, d]`` in, NumPy arrays out: the
+    reference the lecture's formulas are checked against."""
+    q, k, v = (torch.tensor(x, requires_grad=True) for x in (q, k, v))
+    logits = torch.einsum("...id,...jd->...ij", q, k) / math.sqrt(q.shape[-1])
+    if visible is not None:
+        logits = logits.masked_fill(~torch.as_tensor(visible), float("-inf"))
+    weights = torch.softmax(logits, dim=-1)
+    for t in (logits, weights):
+        t.retain_grad()
+    out = weights @ v
+    out.backward(torch.as_tensor(dout))
+    found = {"out": out, "lse": torch.logsumexp(logits, dim=-1), "scores": logits.grad, "probs": weights.grad,
+             "q": q.grad, "k": k.grad, "v": v.grad}
+    return {name: t.detach().numpy() for name, t in found.items()}
+
+
+def block_gradients(q, k, v, dout, lse, row_term, visible=None):
+    """One (query block, key block) pair's share of attention's gradients: ``(dq, dk,
+    dv)``. ``lse`` and ``row_term`` are the queries' *whole-row* log-sum-exp and
+    D = rowsum(dout ∘ out), which the forward and the queries' own output give: the
+    block recomputes its probabilities exp(scores - lse) from them and needs
+    nothing from any other key block. Hidden pairs (``visible`` False) have
+    probability 0."""
+    scale = 1 / math.sqrt(q.shape[-1])
+    logits = np.einsum("...id,...jd->...ij", q, k) * scale
+    if visible is not None:
+        logits = np.where(visible, logits, -np.inf)
+    probs = np.exp(logits - lse[..., None])
+    dlogits = probs * (np.einsum("...id,...jd->...ij", dout, v) - row_term[..., None])
+    return (np.einsum("...ij,...jd->...id", dlogits, k) * scale, np.einsum("...ij,...id->...jd", dlogits, q) * scale,
+            np.einsum("...ij,...id->...jd", probs, dout))
+
+
+def ring_backward(q, k, v, out, lse, dout, owner, causal=False, keep_home=False):
+    """Ring attention's backward, its P ranks simulated in one process: rank r holds
+    the positions where ``owner == r`` (``owners`` above) of q, k, v and of what its
+    forward left, ``out``, ``lse`` and the upstream ``dout``. Rank r first forms
+    D = rowsum(dout ∘ out) of its rows. At each of P steps every rank takes the K/V
+    block it holds through ``block_gradients``, adds dq to its own rows, and dk, dv
+    to the accumulator that travels beside the block. Then the K/V blocks move on
+    to rank r+1 (not after the last step: none is needed any more) and so do the
+    accumulators, after every step: after P moves each is at its home rank.
+    ``keep_home``: a rank keeps what it computes for its own block at step 0 and
+    the accumulators start at step 1, one move fewer.
+
+    Returns the gradients at global positions (``dq``, ``dk``, ``dv``), the block
+    each rank holds at each step (``kv_at``, ``grad_at``: ``[rank, step]``, -1
+    where it holds none) and the elements each rank sent (``sent``, per kind)."""
+    P = int(owner.max()) + 1
+    rows = [np.flatnonzero(owner == r) for r in range(P)]
+    row_term = np.sum(dout * out, axis=-1)                       # D, of each rank's own rows
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    kv = [(r, k[..., rows[r], :], v[..., rows[r], :]) for r in range(P)]   # what rank r holds
+    grads = [None] * P                                                      # and beside it
+    kv_at, grad_at = np.full((P, P), -1), np.full((P, P), -1)
+    sent = {"K/V": np.zeros(P, dtype=int), "dK/dV": np.zeros(P, dtype=int)}
+    first = 1 if keep_home and P > 1 else 0
+    for step in range(P):
+        if step == first:
+            grads = [(j, np.zeros_like(K), np.zeros_like(V)) for j, K, V in kv]
+        for r, (j, K, V) in enumerate(kv):
+            visible = rows[r][:, None] >= rows[j][None, :] if causal else None
+            dq_part, dk_part, dv_part = block_gradients(q[..., rows[r], :], K, V, dout[..., rows[r], :],
+                                                        lse[..., rows[r]], row_term[..., rows[r]], visible)
+            dq[..., rows[r], :] += dq_part
+            kv_at[r, step] = j
+            if step < first:                 # my own block, kept at home
+                dk[..., rows[r], :] += dk_part
+                dv[..., rows[r], :] += dv_part
+            else:
+                grad_at[r, step] = grads[r][0]
+                grads[r][1][...] += dk_part
+                grads[r][2][...] += dv_part
+        if step < P - 1:
+            for r, (_, K, V) in enumerate(kv):
+                sent["K/V"][r] += K.size + V.size
+            kv = [kv[(r - 1) % P] for r in range(P)]        # rank r receives rank r-1's
+        if step >= first and P > 1:
+            for r, (_, gk, gv) in enumerate(grads):
+                sent["dK/dV"][r] += gk.size + gv.size
+            grads = [grads[(r - 1) % P] for r in range(P)]
+    for r, (j, gk, gv) in enumerate(grads):
+        if j != r:
+            raise RuntimeError(f"rank {r} ended with the gradients of block {j}, not its own")
+        dk[..., rows[r], :] += gk
+        dv[..., rows[r], :] += gv
+    return {"dq": dq, "dk": dk, "dv": dv, "kv_at": kv_at, "grad_at": grad_at, "sent": sent}
+
+
+def draw_backward_ring(found, ax, title):
+    """The schedule ``ring_backward`` ran, from its record: a column per step and one
+    for the move home, a row per rank; each cell names the K/V block the rank
+    holds and whether its dK/dV accumulator is beside it."""
+    from matplotlib.colors import ListedColormap
+
+    from course.diagrams import BLOCK_COLOURS
+
+    kv_at, grad_at = found["kv_at"], found["grad_at"]
+    P = len(kv_at)
+    home = np.arange(P)[:, None]                                   # after the last move: each block at home
+    blocks = np.hstack([np.where(kv_at >= 0, kv_at, grad_at), home]).astype(float)
+    ax.imshow(blocks, cmap=ListedColormap(BLOCK_COLOURS[:P]), vmin=-0.5, vmax=P - 0.5, alpha=0.55)
+    for r in range(P):
+        for t in range(P + 1):
+            if t < P:
+                text = f"K,V {kv_at[r, t]}" + (f"\ndK,dV {grad_at[r, t]}" if grad_at[r, t] >= 0 else "\n(kept home)")
+            else:
+                text = f"dK,dV {r}\nhome"
+            ax.text(t, r, text, ha="center", va="center", fontsize=7)
+    for t in range(P):                         # each move: rank r to rank r+1 (the wrap from the last rank not drawn)
+        for r in range(P - 1):
+            ax.annotate("", xy=(t + 0.62, r + 0.62), xytext=(t + 0.38, r + 0.38),
+                        arrowprops={"arrowstyle": "->", "lw": 0.8, "ls": "--" if t == P - 1 else "-"})
+    ax.set_xticks(range(P + 1), [f"step {t}" for t in range(P)] + ["after the\nlast move"], fontsize=7)
+    ax.set_yticks(range(P), [f"rank {r}" for r in range(P)], fontsize=7)
+    ax.set_xlabel("arrows: what a rank holds moves to the next rank; after the last step only dK, dV (dashed)",
+                  fontsize=7)
+    ax.set_title(title, fontsize=9)
+    return ax
+
+
+# --- 5. the ring, on another computation: a kernel summed over all pairs of points -------------------
 
 
 def gaussian_kernel_sums(x, y):
@@ -176,7 +307,7 @@ def ring_kernel_sums(points):
     return sums
 
 
-# --- 5. the all-to-all, on another computation: a prefix sum along a sharded sequence ---------------
+# --- 6. the all-to-all, on another computation: a prefix sum along a sharded sequence ---------------
 
 
 def reshard(x, cut):
@@ -201,7 +332,7 @@ def channel_sharded_cumsum(x):
     return reshard(torch.cumsum(reshard(x, cut=1), dim=0), cut=0)
 
 
-# --- 6. context-parallel attention by all-gathering K and V ----------------------------------------
+# --- 7. context-parallel attention by all-gathering K and V ----------------------------------------
 
 
 def all_gather_kv_attention(q, k, v):
@@ -217,7 +348,7 @@ def all_gather_kv_attention(q, k, v):
     return F.scaled_dot_product_attention(q, whole[0], whole[1])
 
 
-# --- 7. the lecture's distributed measurements, one job per world size --------------------------------
+# --- 8. the lecture's distributed measurements, one job per world size --------------------------------
 
 
 def random_qkv(shape, dtype=torch.float64, seed=0):

@@ -6,7 +6,9 @@ schedules) from a policy by letting a greedy list scheduler run it, run it on pa
 cut a model's layers into balanced stages by trying every cut. The second runs on the ranks of
 ``course.dist.run`` (each rank is a new Python process, so it lives in a module,
 not in the notebook): a small executor that sends activations forward and
-gradients backward with ``torch.distributed`` point-to-point messages.
+gradients backward with ``torch.distributed`` point-to-point messages, and an
+audit of the all-gathers torch's ``fully_shard`` (ZeRO-3) makes when a stage's
+data-parallel group runs the microbatches of a pipeline.
 
 Formats (the same as lab 11's):
 
@@ -322,3 +324,44 @@ def pipeline_vs_single(kinds=(("gpipe", 1), ("1f1b", 1), ("interleaved", 2)), m=
                   for s in mine for a, b in zip(model[s].parameters(), single[s].parameters()))
         results[kind] = {"gap": gap, "peak": peak, "timeline": timeline}
     return results
+
+
+# --- 4. ZeRO-3 under a pipeline's microbatches: torch's own fully_shard, audited -------------------
+
+
+def zero3_collectives(ms=(1, 2, 4), width=32, layers=3, samples_per_mb=4):
+    """On every rank, the ranks being one stage's data-parallel group: shard a stage of
+    ``layers`` Linear layers with torch's ``fully_shard``, once per layer and once
+    for the whole, and run one step as a pipeline stage runs it, the forward and
+    backward of each of ``m`` microbatches in turn. ``OpLog`` records the
+    collectives. For each ``reshard_after_forward`` (True: ZeRO-3 proper, the
+    gathered parameters freed after each use; False: kept from a microbatch's
+    forward to its backward) and each m: the number of all-gathers and
+    reduce-scatters, and the elements each all-gather put in (this rank's shard)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from course.torch_audit import OpLog
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    found = {}
+    for reshard in (True, False):
+        for m in ms:
+            torch.manual_seed(0)
+            stage = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)]).double()
+            for layer in stage:
+                fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(stage, mesh=mesh, reshard_after_forward=reshard)
+            x = torch.randn(m * samples_per_mb, width, dtype=torch.float64)
+            with OpLog() as log:
+                for microbatch in x.chunk(m):
+                    stage(microbatch).square().mean().backward()
+            found[reshard, m] = {"all_gather": log.count("all_gather"), "reduce_scatter": log.count("reduce_scatter"),
+                                 "gathered_elements": sorted(set(log.elements("all_gather")))}
+    return {"per_layer": width * width + width, "layers": layers, "counts": found}
+
+
+def lecture_job(m=8):
+    """Everything lecture 11 runs on the ranks, in one job (starting processes is the slow part):
+    ``pipeline_vs_single`` and ``zero3_collectives``."""
+    return {"pipeline": pipeline_vs_single(m=m), "zero3": zero3_collectives()}

@@ -86,6 +86,11 @@ def estimate_train_memory(config):
       earlier micro-batch are kept (gradient accumulation). With checkpointing,
       backward recomputes one block at a time, which holds that block's full
       activations once more: add ``activation_bytes_per_layer`` to the peak.
+
+    Work it out from the shape: the grader also asks about models of 1-7B
+    parameters, too large to run, and counts the CPU time your estimates take
+    there. Building the model on the meta device (to count its parameters) is
+    fine; running it, even there, is a measurement, not an estimate.
     """
     raise NotImplementedError("not implemented yet: estimate_train_memory: Model states come from the two functions above; activations are the blocks' saved tensors plus the terms outside them.")
 

@@ -21,11 +21,12 @@ The layout the grader relies on, for both classes: a list of tensors is
 flattened in order (``torch.cat([t.reshape(-1) for t in tensors])``) and
 zero-padded at the end to ``n * s`` elements, ``s = ceil(numel / n)``; rank r
 owns elements ``[r * s, (r + 1) * s)``. Collectives: use
-``dist.reduce_scatter_single`` and ``dist.all_gather_single`` (called as
-attributes of ``torch.distributed``, which the grader watches; their older
+``dist.reduce_scatter_single`` and ``dist.all_gather_single`` (or their older
 names ``reduce_scatter_tensor`` and ``all_gather_into_tensor``, deprecated
-since torch 2.13, are watched too), on the group you are given (``None``: the default group). Every rank runs the same code
-(``course.dist.run`` starts them). Run the checks with ``k2c grade 09``.
+since torch 2.13), on the group you are given (``None``: the default group).
+Every rank runs the same code (``course.dist.run`` starts them). Run the checks
+with ``k2c grade 09``: it counts the bytes that cross between the ranks and
+reads each rank's memory from outside its process, as the kernel counts them.
 """
 import math
 
@@ -85,8 +86,9 @@ class ShardedOptimizer:
     The updated values are copied into the parameters in place (their storage
     stays the same), each from its own slice of the gathered flat buffer.
 
-    The grader counts the bytes of the tensors reachable from
-    ``self.optimizer.state`` and ``self.optimizer.param_groups``.
+    The grader reads from outside what a rank still holds after a step beyond
+    its model's parameters: the shard, its gradient and the inner optimizer's
+    state of it, about 1/N of what the unsharded optimizer holds.
     """
 
     def __init__(self, params, optimizer_class, group=None, **kwargs):

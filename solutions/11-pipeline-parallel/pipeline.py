@@ -214,6 +214,10 @@ def run_pipeline(stage_module, ops, microbatches, targets, loss_fn, activation_s
     ``activation_shape`` is the shape of every activation (and so of every
     gradient) crossing a stage boundary, for one microbatch, of ``dtype``.
 
+    Each rank has only what its stage needs: ``microbatches`` holds the inputs on
+    the first rank only and ``targets`` the targets on the last rank only; on the
+    other ranks their entries are ``None`` (their length is still ``m``).
+
     Gradients accumulate in ``stage_module``'s parameters' ``.grad``; the caller
     steps the optimizer. Returns the mean loss over the microbatches (a float)
     on the last rank, ``None`` on the others.
@@ -222,7 +226,10 @@ def run_pipeline(stage_module, ops, microbatches, targets, loss_fn, activation_s
     take global ranks, so translate them (``dist.get_global_rank``) when a
     group is given. Keep each microbatch's stage input (received as a tensor
     that requires grad, so that its gradient exists after B) and its output
-    until that microbatch's B.
+    until that microbatch's B, and no longer: a stage holds the activations of
+    the microbatches in flight (F run, B not yet), at most ``p - r`` on rank
+    ``r`` under 1F1B, all ``m`` under GPipe (the grader reads each rank's peak
+    memory).
 
     Every message is one microbatch's activation or gradient, sent and
     received in the order of ``ops`` (the grader records them; a receive may

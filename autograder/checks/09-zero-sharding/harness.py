@@ -1,54 +1,57 @@
 """Grader code that runs next to the student's ``zero`` module in the sandbox.
 
+It knows no answer: the checks draw every input (``check_zero_sharding.py``),
+train the unsharded model themselves and compare (``oracles.py``), in the
+grader's process. This file feeds the inputs to the student's code and sends
+back what it gave.
+
 ``formulas(queries)`` answers every ``zero_bytes`` and ``flatten_padded``
 query of the checks in one call (importing torch once).
 
-``training_job(n)`` runs every training case on ``n`` ranks in one
-``course.dist`` job (starting torch processes is the slow part). On every rank
-``rank_side`` builds the same small float64 MLP (layer sizes chosen so no
-layer's parameter count, nor the total, divides by 4, and the total not by 2
-or 3: padding matters), trains it for ``STEPS`` steps on its slice of a
-global batch with the student's ``ShardedOptimizer`` (Adam with L2 weight
-decay; SGD with momentum) or ``Zero3Sequential`` (Adam), and records:
+``training_rank`` is the rank function of a rank job (``autograder.sandbox.ranks``).
+Each rank receives, per case, what it needs to build the model (the seed of its
+initial weights, ``initial_weights``: the same on every rank) and its own rows of
+each step's batch, nothing else; it trains with the student's ``ShardedOptimizer``
+(ZeRO-1) or ``Zero3Sequential`` (ZeRO-3), and emits its parameters: ZeRO-1 the
+full flat parameters (every rank has them after the all-gather), ZeRO-3 its
+shards, from which the grader rebuilds the full parameters by the documented
+layout. Around the steps it marks ``{case}:start`` and ``{case}:steps``: the
+launcher counts the bytes that crossed between them (the kernel's TCP counters).
 
-- every rank's full parameters after training. The oracle, computed on the
-  same rank before the student's code runs, is the same model trained in one
-  process by the unsharded torch optimizer on the whole batch;
-- ZeRO-1: bytes of the unique storages reachable from the inner optimizer's
-  ``state`` and ``param_groups`` (a view of a big buffer counts the whole
-  buffer), next to the same count for the unsharded torch optimizer;
-- ZeRO-3: bytes of the unique storages reachable from the wrapper (its
-  tensors, modules, containers and objects of the student's module), and the
-  peak bytes of gathered parameters alive at once: every output tensor of
-  ``torch.distributed.all_gather_single`` (or of its older name
-  ``all_gather_into_tensor``, deprecated in torch 2.13) is tracked with
-  ``weakref.finalize`` from the call until it (and every view of it) is freed.
+The memory cases are large (tens of MiB of float64 parameters) so that what
+their checks are about dominates each rank's memory, which the launcher reads
+from outside at the marks (VmRSS, and VmHWM started afresh at each
+``fresh_peak`` mark: ``autograder.grading.rank_jobs.peak_in_phase``):
 
-The launcher counts the bytes that cross between the ranks in the training
-steps (``count_wire``, ``course.dist.mark``), which the traffic checks compare
-with the closed forms.
+- ``zero1_memory``: the model is built, then ``{case}:start``; the optimizer is
+  made and steps; ``{case}:steps`` after ``zero_grad``: what the rank holds then
+  beyond the model's parameters is what it keeps between steps (its optimizer
+  state). The rank emits one slice of its parameters (another rank's shard, which
+  reached it by the all-gather), and, for a message only, the bytes of tensors
+  reachable from ``self.optimizer`` (an in-process count).
+- ``zero3_memory``: ``{case}:start``; the layers are built and wrapped;
+  ``{case}:built``: what the wrapper holds; the forward pass; ``{case}:forward``;
+  the backward pass and the optimizer's step; ``{case}:steps``. The peak of each
+  pass above what the rank held when it began is the gathered parameters (and in
+  backward the shards' gradients). The rank emits its shards after the step, and
+  for a message only the bytes of tensors reachable from the wrapper.
 
-Each rank writes a file per case as soon as it is done, so when a rank raises
-or the job hangs the files say which case it was; the cases after it run again
-in a new job without it, as in lab 06. A stub (``NotImplementedError`` on every
-rank before any collective) is recorded and skipped within the job.
+Before a memory case the harness warms torch up (``warm_up``: its own first
+backward, Adam step and collectives keep some 20 MiB they allocate once), and
+before each of its marks it waits until the rank's other threads sleep
+(``settled``: c10d's worker threads let go of a collective's tensors a while
+after the collective has returned).
+
+A stub (``NotImplementedError`` on every rank before any collective) is
+recorded for its case, and the job goes on.
 """
 import gc
-import math
-import weakref
 
-from autograder.grading.checking import first_failure, run_cases, save_record
-from course import dist as launcher
+from autograder.sandbox import ranks
 
-DIMS = (6, 22, 10, 22, 13, 3)  # Linear sizes 154, 230, 242, 299, 42 parameters: 967 in all
-GLOBAL_BATCH = 24
-STEPS = 3
-SEED = 2026
-CASES = ("zero1_adam", "zero1_sgd", "zero3_adam")
 OPTIMIZERS = {"adam": ("Adam", {"lr": 0.05, "weight_decay": 0.1}),
-              "sgd": ("SGD", {"lr": 0.1, "momentum": 0.9})}
-# A correct job of 4 processes takes 3-6 s on 2 busy cores; a deadlock ends sooner, when the job idles.
-JOB_TIMEOUT_S = 40
+              "sgd": ("SGD", {"lr": 0.1, "momentum": 0.9}),
+              "plain_sgd": ("SGD", {"lr": 0.1})}
 
 
 def formulas(queries):
@@ -64,8 +67,8 @@ def formulas(queries):
 
     def flatten_padded():
         flat = []
-        for sizes, n in queries["flatten_padded"]:
-            tensors = [torch.arange(1, s + 1, dtype=torch.float64) + 1000 * i for i, s in enumerate(sizes)]
+        for arrays, n in queries["flatten_padded"]:
+            tensors = [torch.tensor(np.asarray(a), dtype=torch.float64) for a in arrays]
             out = zero.flatten_padded(tensors, n)
             flat.append(np.asarray(out.detach().cpu().numpy()) if isinstance(out, torch.Tensor) else None)
         return flat
@@ -79,69 +82,56 @@ def formulas(queries):
     return answers
 
 
-# --- on every rank ---------------------------------------------------------------------
+# --- the model: the same on every rank and in the grader --------------------------------
 
-def _layers():
+def initial_weights(seed, dims):
+    """[(weight, bias)] of each Linear of an MLP with layer widths ``dims``, float64 NumPy:
+    weights normal with standard deviation 1/sqrt(fan-in), biases 0.1 of that. The grader
+    draws ``seed``; ranks and grader make the same arrays from it."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    found = []
+    for a, b in zip(dims[:-1], dims[1:]):
+        scale = 1 / np.sqrt(a)
+        found.append((rng.standard_normal((b, a)) * scale, rng.standard_normal(b) * 0.1 * scale))
+    return found
+
+
+def make_layers(seed, dims):
+    """Linear, Tanh, ..., Linear: the MLP of ``initial_weights(seed, dims)`` as torch layers."""
     import torch
 
-    torch.manual_seed(SEED)
     layers = []
-    for i, (a, b) in enumerate(zip(DIMS[:-1], DIMS[1:])):
-        layers.append(torch.nn.Linear(a, b, dtype=torch.float64))
-        if i < len(DIMS) - 2:
+    for i, (weight, bias) in enumerate(initial_weights(seed, dims)):
+        layer = torch.nn.Linear(weight.shape[1], weight.shape[0], dtype=torch.float64, device="meta")
+        layer.weight = torch.nn.Parameter(torch.from_numpy(weight))
+        layer.bias = torch.nn.Parameter(torch.from_numpy(bias))
+        layers.append(layer)
+        if i < len(dims) - 2:
             layers.append(torch.nn.Tanh())
     return layers
 
 
-def _batch(step):
+def _own(array):
+    """A tensor on this rank's own (writable) copy of an input array."""
+    import numpy as np
     import torch
 
-    g = torch.Generator().manual_seed(SEED + step)
-    x = torch.randn(GLOBAL_BATCH, DIMS[0], generator=g, dtype=torch.float64)
-    y = torch.randn(GLOBAL_BATCH, DIMS[-1], generator=g, dtype=torch.float64)
-    return x, y
+    return torch.from_numpy(np.require(array, np.float64, ["C", "W"]))
 
 
-def _local(tensor, rank, n):
-    rows = GLOBAL_BATCH // n
-    return tensor[rank * rows:(rank + 1) * rows]
-
-
-def _flat_params(module_or_tensors):
+def _flat(tensors):
     import torch
 
-    tensors = module_or_tensors.parameters() if hasattr(module_or_tensors, "parameters") else module_or_tensors
     return torch.cat([t.detach().reshape(-1) for t in tensors]).numpy().copy()
-
-
-def _layout():
-    """(name, number of elements) of every parameter, in the flat order."""
-    import torch
-
-    return [(name, p.numel()) for name, p in torch.nn.Sequential(*_layers()).named_parameters()]
-
-
-def oracle(kind):
-    """The unsharded model trained in this one process on the whole batch: flat parameters
-    and the bytes its torch optimizer holds."""
-    import torch
-
-    model = torch.nn.Sequential(*_layers())
-    name, kwargs = OPTIMIZERS[kind]
-    opt = getattr(torch.optim, name)(model.parameters(), **kwargs)
-    for step in range(STEPS):
-        x, y = _batch(step)
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
-    return _flat_params(model), storage_bytes([opt.state, opt.param_groups])
 
 
 def storage_bytes(root, student_module="zero"):
     """Bytes of the unique tensor storages reachable from ``root``: through tensors,
     modules, dicts, lists, tuples, sets, and objects whose class is defined in
     ``student_module``. A view counts the whole storage it lives in; a tensor's
-    ``.grad`` is not followed (gradients are not optimizer state)."""
+    ``.grad`` is not followed. An in-process count, for messages only."""
     import torch
 
     seen_objects, storages, todo = set(), {}, [root]
@@ -152,7 +142,7 @@ def storage_bytes(root, student_module="zero"):
         seen_objects.add(id(obj))
         if isinstance(obj, torch.Tensor):
             storage = obj.untyped_storage()
-            storages[storage.data_ptr(), storage.nbytes()] = storage.nbytes()  # gradients are not followed
+            storages[storage.data_ptr(), storage.nbytes()] = storage.nbytes()
         elif isinstance(obj, torch.nn.Module):  # its parameters, buffers, submodules and attributes
             todo.append(vars(obj))
         elif isinstance(obj, dict):
@@ -164,163 +154,144 @@ def storage_bytes(root, student_module="zero"):
     return int(sum(storages.values()))
 
 
-class GatherWatch:
-    """Wraps ``torch.distributed.all_gather_single`` and its older name
-    ``all_gather_into_tensor``: how many bytes of gathered outputs are alive now,
-    and the most that were alive at once. (The old name calls the new one inside
-    ``distributed_c10d``, not through ``torch.distributed``: a call counts once.)"""
+# --- on every rank ------------------------------------------------------------------------
 
-    NAMES = ("all_gather_single", "all_gather_into_tensor")
-
-    def __init__(self):
-        import torch.distributed as tdist
-
-        self.tdist, self.originals = tdist, {name: getattr(tdist, name) for name in self.NAMES}
-        self.live = self.peak = self.calls = self.total = 0
-        self.alive = {}  # id of a gathered output still alive -> its bytes
-
-    def __enter__(self):
-        for name, original in self.originals.items():
-            setattr(self.tdist, name, self._watch(original))
-        return self
-
-    def _watch(self, original):
-        import torch
-
-        def watched(output_tensor, input_tensor, *args, **kwargs):
-            asynchronous = kwargs.get("async_op", args[1] if len(args) > 1 else False)  # (group, async_op)
-            if asynchronous:  # a prefetch: the output is the student's to wait on
-                result = original(output_tensor, input_tensor, *args, **kwargs)
-            else:
-                # Gather into a buffer of our own, then copy: c10d may keep a reference to the tensor
-                # it gathered into until its worker thread lets go, and that timing is not the student's.
-                scratch = torch.empty_like(output_tensor)
-                result = original(scratch, input_tensor, *args, **kwargs)
-                output_tensor.copy_(scratch)
-                del scratch
-            nbytes = output_tensor.numel() * output_tensor.element_size()
-            self.calls += 1
-            self.total += nbytes
-            if id(output_tensor) not in self.alive:  # a buffer gathered into again is counted once
-                self.alive[id(output_tensor)] = nbytes
-                self.live += nbytes
-                self.peak = max(self.peak, self.live)
-                weakref.finalize(output_tensor, self._freed, id(output_tensor))
-            return result
-        return watched
-
-    def _freed(self, key):
-        self.live -= self.alive.pop(key)
-
-    def __exit__(self, *exc):
-        for name, original in self.originals.items():
-            setattr(self.tdist, name, original)
-
-
-def _zero1(student, kind, rank, n):
+def _steps(model, optimizer, case):
+    """Every step of ``case`` on this rank's rows: forward, loss, backward, step, zero_grad."""
     import torch
 
-    model = torch.nn.Sequential(*_layers())
-    name, kwargs = OPTIMIZERS[kind]
-    optimizer_class = getattr(torch.optim, name)
-    opt = student.ShardedOptimizer(model.parameters(), optimizer_class, **kwargs)
-    launcher.mark(f"zero1_{kind}:start")  # what the steps send, counted by the launcher
-    for step in range(STEPS):
-        x, y = _batch(step)
-        torch.nn.functional.mse_loss(model(_local(x, rank, n)), _local(y, rank, n)).backward()
-        opt.step()
-        opt.zero_grad()
-    launcher.mark(f"zero1_{kind}:steps")
-    inner = getattr(opt, "optimizer", None)
-    record = {"params": _flat_params(model), "inner_class": type(inner).__name__,
-              "inner_ok": isinstance(inner, optimizer_class)}
-    if record["inner_ok"]:
-        record["state_bytes"] = storage_bytes([inner.state, inner.param_groups])
-        record["state_entries"] = len(inner.state)
-    return record
+    for x, y in zip(case["x"], case["y"]):
+        x, y = _own(x), _own(y)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
 
 
-def _zero3(student, rank, n):
+def warm_up():
+    """Torch's own first uses, before a measured phase: the first backward, Adam step and
+    collectives of a process allocate about 20 MiB that they keep (autograd's, Adam's and
+    gloo's), which are not the student's."""
     import torch
     import torch.distributed as tdist
 
-    layers = _layers()
-    shapes = [[tuple(p.shape) for p in layer.parameters()] for layer in layers]
-    shapes = [s for s in shapes if s]
-    model = student.Zero3Sequential(layers)
-    name, kwargs = OPTIMIZERS["adam"]
-    opt = getattr(torch.optim, name)(model.parameters(), **kwargs)
-    with GatherWatch() as watch:
-        launcher.mark("zero3_adam:start")
-        for step in range(STEPS):
-            x, y = _batch(step)
-            torch.nn.functional.mse_loss(model(_local(x, rank, n)), _local(y, rank, n)).backward()
-            opt.step()
-            opt.zero_grad()
-        launcher.mark("zero3_adam:steps")
-        tdist.barrier()  # c10d may hold a collective's output until the next one is issued
-        gc.collect()
-        live_after = watch.live
-    stored = storage_bytes(model)
-    shards = list(getattr(model, "shards", []))
-    record = {"peak_gathered": watch.peak, "gathers": watch.calls, "gathered_total": watch.total,
-              "live_after": live_after, "stored_bytes": stored, "shard_sizes": [s.numel() for s in shards],
-              "layer_sizes": [sum(math.prod(t) for t in s) for s in shapes]}
-    # The full parameters, rebuilt by the grader from the shards with the documented layout.
-    if len(shards) != len(shapes) or any(s.numel() * n < size for s, size in zip(shards, record["layer_sizes"])):
-        record["params"] = None
-        return record
-    full = []
-    for shard, size in zip(shards, record["layer_sizes"]):
-        pieces = [torch.zeros_like(shard.detach()) for _ in range(n)]  # the list form, one piece per rank
-        tdist.all_gather(pieces, shard.detach().contiguous())
-        full.append(torch.cat(pieces)[:size])
-    record["params"] = torch.cat(full).numpy().copy()
+    layer = torch.nn.Linear(362, 362, dtype=torch.float64)  # 1 MiB of weights
+    optimizer = torch.optim.Adam(layer.parameters(), lr=0.1, weight_decay=0.1)
+    torch.tanh(layer(torch.ones(2, 362, dtype=torch.float64))).sum().backward()
+    optimizer.step()
+    shard = torch.ones(2**17, dtype=torch.float64)
+    full = torch.empty(2**17 * tdist.get_world_size(), dtype=torch.float64)
+    tdist.all_gather_single(full, shard)
+    tdist.all_gather_single(full, shard, async_op=True).wait()
+    tdist.reduce_scatter_single(shard, full)
+    tdist.all_reduce(shard)
+
+
+def settled():
+    """Wait (2 s at most) until every other thread of this rank sleeps. A collective's worker
+    thread lets go of its tensors only after the caller's wait() has returned, when it next
+    runs: on busy cores a gathered buffer can outlive the step by a while, and what the
+    launcher reads at a mark would count it."""
+    import os
+    import threading
+    import time
+
+    me, quiet, deadline = threading.get_native_id(), 0, time.monotonic() + 2
+    while quiet < 2 and time.monotonic() < deadline:
+        running = False
+        for task in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{task}/stat") as f:
+                    running |= int(task) != me and f.read().rsplit(")", 1)[1].split()[0] == "R"
+            except (OSError, IndexError):
+                pass
+        quiet = 0 if running else quiet + 1
+        time.sleep(0.005)
+
+
+def _mark(name, memory, fresh_peak=False):
+    """The mark ``name``; in a memory case, once the collectives' threads have let go."""
+    if memory:
+        settled()
+    ranks.mark(name, fresh_peak=fresh_peak)
+
+
+def _zero1(student, case):
+    import torch
+
+    name = case["case"]
+    if case.get("memory"):
+        warm_up()
+    model = torch.nn.Sequential(*make_layers(case["model_seed"], case["dims"]))
+    class_name, kwargs = OPTIMIZERS[case["optimizer"]]
+    memory = case.get("memory", False)
+    _mark(f"{name}:start", memory, fresh_peak=True)  # from here: the optimizer's bytes and the steps' traffic
+    optimizer = student.ShardedOptimizer(model.parameters(), getattr(torch.optim, class_name), **kwargs)
+    _steps(model, optimizer, case)
+    _mark(f"{name}:steps", memory)
+    flat = _flat(model.parameters())
+    if "slice" in case:  # a large case: one slice is enough to see the work was done
+        start, stop = case["slice"]
+        record = {"params": flat[start:stop], "inner_bytes": _inner_bytes(optimizer)}
+    else:
+        record = {"params": flat}
+    del model, optimizer
     return record
 
 
-def rank_side(names, n_expected, folder):
-    """Every rank: run each named case; write one file per case and rank."""
+def _inner_bytes(optimizer):
+    inner = getattr(optimizer, "optimizer", None)
+    try:
+        return storage_bytes([inner.state, inner.param_groups])
+    except AttributeError:
+        return None
+
+
+def _zero3(student, case):
+    import torch
+
+    name, memory = case["case"], case.get("memory", False)
+    if memory:
+        warm_up()
+    _mark(f"{name}:start", memory, fresh_peak=True)  # from here: what the wrapper stores, and the steps' traffic
+    layers = make_layers(case["model_seed"], case["dims"])
+    model = student.Zero3Sequential(layers)
+    del layers  # the wrapper keeps what it needs of them
+    class_name, kwargs = OPTIMIZERS[case["optimizer"]]
+    optimizer = getattr(torch.optim, class_name)(model.parameters(), **kwargs)
+    gc.collect()
+    _mark(f"{name}:built", memory, fresh_peak=True)  # from here: the peaks of the step above what is stored
+    if memory:  # one step, its forward and backward measured apart
+        x, y = _own(case["x"][0]), _own(case["y"][0])
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        _mark(f"{name}:forward", memory, fresh_peak=True)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        del loss
+    else:
+        _steps(model, optimizer, case)
+    _mark(f"{name}:steps", memory)
+    record = {"shards": [shard.detach().numpy().copy() for shard in getattr(model, "shards", [])]}
+    if case.get("memory"):
+        record["wrapper_bytes"] = storage_bytes(model)
+    del model, optimizer
+    return record
+
+
+def training_rank(parts):
+    """A rank of a rank job: every case it is given (its rows of each), in order; one
+    record per case, emitted as soon as it is done."""
     import torch.distributed as tdist
 
     import zero as student
 
-    rank, n = tdist.get_rank(), tdist.get_world_size()
-    assert n == n_expected
-    for name in names:
-        kind = name.split("_")[1]
-        want, unsharded_bytes = oracle(kind)
+    gc.freeze()  # what is loaded by now stays: a collection then looks at what the cases make only (fast)
+    for case in parts:
         try:
-            if name.startswith("zero1"):
-                record = _zero1(student, kind, rank, n)
-                record["unsharded_state_bytes"] = unsharded_bytes
-            else:
-                record = _zero3(student, rank, n)
-            record.update(status="ok", oracle=want if rank == 0 else None, layout=_layout())
-        except NotImplementedError as exc:  # a stub raises on every rank before any collective
+            record = (_zero1 if case["case"].startswith("zero1") else _zero3)(student, case)
+            record["status"] = "ok"
+        except NotImplementedError as exc:  # a stub raises on every rank alike
             record = {"status": "not_implemented", "message": str(exc)}
+        gc.collect()  # what the case made goes before the next case starts
         tdist.barrier()  # the next case starts together
-        save_record(folder, name, rank, record)
-    return None
-
-
-def _merge(records):
-    """One record per rank -> one per case: per-rank lists of what differs between ranks."""
-    failure = first_failure(records)
-    if failure:
-        return failure
-    first = records[0]
-    merged = {"status": "ok", "oracle": first["oracle"], "layout": first["layout"]}
-    for key in first:
-        if key not in ("status", "oracle", "layout"):
-            merged[key] = [r.get(key) for r in records]
-    return merged
-
-
-def training_job(n, names=CASES):
-    """{case: outcome} for ``n`` ranks; see the module docstring."""
-    # gloo on both tiers: the model is tiny and its tensors live on the CPU.
-    start = lambda pending, folder: launcher.run(f"{__file__}:rank_side", n, pending, n, folder,
-                                                 timeout=JOB_TIMEOUT_S, backend="gloo",
-                                                 idle_timeout=launcher.IDLE_TIMEOUT_S, count_wire=True)
-    return run_cases(start, names, n, _merge, counted=("steps",))
+        ranks.emit({"case": case["case"], **record})

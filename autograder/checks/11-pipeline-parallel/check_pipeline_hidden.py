@@ -11,10 +11,10 @@ compute what the lab's ``make_schedule`` and ``simulate`` return:
   schedules gives the closed-form makespan and bubble, for integer and
   fractional times.
 
-The student's schedules come from the public checks' sandboxed call; the
-simulations of the grader's schedules from a second one (the same harness).
+The cases are the public checks' (p, m) and (p, m, v), drawn from the grading's
+secret seed. The student's schedules come from the public checks' sandboxed call;
+the simulations of the grader's schedules from a second one (the same harness).
 """
-import functools
 import math
 
 import pytest
@@ -29,20 +29,19 @@ oracles = public.oracles
 TIMES = [(1, 2), (1, 1), (3, 1), (2, 5), (0.4, 1.3)]  # integers and fractions (a clock in whole steps is wrong)
 
 
-def _cases():
-    cases = [(p, m, kind, 1) for p, m in public.BLOCKING for kind in ("gpipe", "1f1b")]
-    return cases + [(p, m, "interleaved", v) for p, m, v in public.INTERLEAVED]
+def _cases(seed):
+    cases = [(p, m, kind, 1) for p, m in public.blocking(seed) for kind in ("gpipe", "1f1b")]
+    return cases + [(p, m, "interleaved", v) for p, m, v in public.interleaved(seed)]
 
 
-@functools.lru_cache(maxsize=None)
-def _queries():
-    sims = [(hidden.make_schedule(p, m, kind, v), t_f, t_b, 0) for p, m, kind, v in _cases() for t_f, t_b in TIMES]
+def _queries(seed):
+    sims = [(hidden.make_schedule(p, m, kind, v), t_f, t_b, 0) for p, m, kind, v in _cases(seed) for t_f, t_b in TIMES]
     return {"make_schedule": [], "make_schedule_errors": [], "simulate": sims, "partition": [],
             "partition_errors": [], "simulate_deadlocks": []}
 
 
-def _simulated(submission, index):
-    got = submission.harness_once("formulas_hidden", "formulas", _queries())["simulate"]
+def _simulated(submission, seed, index):
+    got = submission.harness_once("formulas_hidden", "formulas", _queries(seed))["simulate"]
     if isinstance(got, dict) and "not_implemented" in got:
         raise not_implemented_yet(got["not_implemented"])
     got = got[index]
@@ -55,10 +54,10 @@ def _simulated(submission, index):
 
 
 @pytest.mark.points(1)
-def check_schedules_take_the_closed_form_time(submission):
+def check_schedules_take_the_closed_form_time(submission, seed):
     """Your GPipe and 1F1B take (m+p-1)(t_f+t_b), interleaved (vm+p-1)(t_f+t_b) (timed by the check's simulator)"""
-    for p, m, kind, v in _cases():
-        schedule = public._schedule(submission, p, m, kind, v)
+    for p, m, kind, v in _cases(seed):
+        schedule = public.schedule_of(submission, seed, p, m, kind, v)
         if oracles.validate(schedule, p, m, v) is not None:
             raise AssertionError(f"make_schedule({p}, {m}, {kind!r}, v={v}) is not a valid schedule "
                                  "(see the validity checks)")
@@ -71,17 +70,17 @@ def check_schedules_take_the_closed_form_time(submission):
 
 
 @pytest.mark.points(2)
-def check_simulate_reproduces_closed_forms(submission):
+def check_simulate_reproduces_closed_forms(submission, seed):
     """simulate on GPipe/1F1B: makespan (m+p-1)(t_f+t_b), bubble (p-1)/(m+p-1); interleaved: vm in place of m"""
     index = 0
-    for p, m, kind, v in _cases():
+    for p, m, kind, v in _cases(seed):
         for t_f, t_b in TIMES:
-            got = _simulated(submission, index)
+            got = _simulated(submission, seed, index)
             index += 1
             makespan, bubble = oracles.closed_form(p, m, t_f, t_b, v)
             what = f"simulate({kind} schedule, p={p}, m={m}{f', v={v}' if v > 1 else ''}, t_f={t_f}, t_b={t_b})"
-            assert math.isclose(public._number(got["makespan"], what + "['makespan']"), makespan), (
+            assert math.isclose(public.number(got["makespan"], what + "['makespan']"), makespan), (
                 f"{what}['makespan'] = {got['makespan']}, expected ({v}*{m} + {p} - 1)({t_f} + {t_b}) = {makespan}")
-            assert math.isclose(public._number(got["bubble"], what + "['bubble']"), bubble, abs_tol=1e-12), (
+            assert math.isclose(public.number(got["bubble"], what + "['bubble']"), bubble, abs_tol=1e-12), (
                 f"{what}['bubble'] = {got['bubble']}, expected ({p} - 1)/({v}*{m} + {p} - 1) = {bubble:.6g} "
                 "(idle time / (p * makespan))")

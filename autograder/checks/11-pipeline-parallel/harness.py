@@ -1,5 +1,10 @@
 """Grader code that runs next to the student's ``pipeline`` module in the sandbox.
 
+It knows no answer: the checks draw every input from the grading's secret seed
+and compute every expected value (``oracles.py``) in the grader's process; this
+file calls the student's functions with the inputs it is given and sends back
+what they gave.
+
 ``formulas(queries)`` answers every ``make_schedule``, ``simulate`` and
 ``partition`` query of the checks in one call (importing torch once). An
 answer is the function's value made plain data, or ``{"error": ...}`` when the
@@ -8,34 +13,25 @@ for all its queries. ``simulate`` on schedules that deadlock runs under a
 timer (``DEADLOCK_GUARD_S``): a simulator that loops forever there costs only
 that check.
 
-``executor_job(n, cases)`` runs the student's ``run_pipeline`` on ``n`` ranks
-for every case (the check's own op lists, one list per rank) in one
-``course.dist`` job. Every rank builds the same float64 MLP — 8 Linear
-layers, Tanh between them, widths 5 -> 8 -> ... -> 8 -> 3 — and keeps the
-``8 / n`` consecutive Linear layers (with their Tanh) of its stage. The
-oracle, computed on every rank before the student's code runs: the whole
-model in one process on the concatenated batch, mean squared error, one
-backward; its gradients of this rank's layers and its loss. Each rank records
-the largest difference of every gradient and, on the last rank, the loss
-``run_pipeline`` returned. It also records, in the order they were posted,
-the point-to-point messages ``run_pipeline`` sent and received
-(``course.torch_audit.MessageLog``: peer, tag, shape), each send named by what
-its data is: the oracle's output of this stage for microbatch mb ("F", mb) or
-its gradient of this stage's input ("B", mb), or None when it is neither. A
-rank writes a file per case as soon as it is done, so after a hang the files
-say which case it was; the cases after it are not run (they use the same code
-and would hang as long), see ``autograder.grading.checking.run_cases``.
+``executor_rank`` is a rank function of a rank job (``autograder.sandbox.ranks``):
+rank r receives, for each case, only what its stage needs: its op list, its
+layers' weights (a float64 MLP: Linear layers with Tanh between them), the
+microbatch inputs on the first rank and the targets on the last (the other
+ranks get None in their place: only the count ``m`` is theirs), and the shape of
+a boundary activation. It builds its stage from the weights, runs the student's
+``run_pipeline`` under ``course.torch_audit.MessageLog`` (the point-to-point
+messages it posted, in order, with a copy of what each send carried: the grader
+names each send by comparing its data with its own boundary tensors), marks the
+case for the launcher's count of the bytes that crossed, and emits its
+gradients, its loss and its messages. ``memory_rank`` runs one case without
+the log, in a job of its own, for the launcher's reading of each rank's peak
+memory.
 """
-from autograder.grading.checking import TooLong, plain, rank_records, run_cases, save_record, within
-from course import dist as launcher
+from autograder.grading.checking import TooLong, plain, within
+from autograder.sandbox import ranks
 
-DIMS = (5, 8, 8, 8, 8, 8, 8, 8, 3)  # 8 Linear layers; every stage boundary carries width 8
-MICROBATCH_ROWS = 3
-ACTIVATION_SHAPE = (MICROBATCH_ROWS, DIMS[1])  # one microbatch at any stage boundary
-SEED = 1101
-# A correct job of 4 processes takes 3-6 s on 2 busy cores; a deadlock is stopped sooner, once the job idles.
-JOB_TIMEOUT_S = 30
-DEADLOCK_GUARD_S = 2  # seconds; simulating these 2-device schedules takes microseconds
+DEADLOCK_GUARD_S = 2  # seconds; simulating these small schedules takes microseconds
+SENT_DATA_LIMIT = 4096  # elements: a send's data comes back when it is at most this large (one microbatch's is 24)
 
 
 def _answer_all(function, calls):
@@ -53,7 +49,7 @@ def _answer_all(function, calls):
 
 def formulas(queries):
     """{"make_schedule": [...], "make_schedule_errors": [...], "simulate": [...], "partition": [...],
-    "partition_errors": [...]}: the answers to the queries, in order."""
+    "partition_errors": [...], "simulate_deadlocks": [...]}: the answers to the queries, in order."""
     import pipeline
 
     def schedule_call(q):
@@ -93,119 +89,101 @@ def simulate_deadlocks(schedules, seconds=DEADLOCK_GUARD_S):
     return outcomes
 
 
-# --- on every rank ------------------------------------------------------------------------------
+# --- on every rank of the executor's jobs ------------------------------------------------------
 
-def _layers():
+def _tensor(array):
+    """A float64 tensor on this rank's own copy of an input, without another copy."""
+    import numpy as np
     import torch
 
-    torch.manual_seed(SEED)
-    layers = []
-    for i, (a, b) in enumerate(zip(DIMS[:-1], DIMS[1:])):
-        block = [torch.nn.Linear(a, b, dtype=torch.float64)]
-        if i < len(DIMS) - 2:
-            block.append(torch.nn.Tanh())
-        layers.append(block)
-    return layers  # one [Linear, Tanh] block per layer, the last without Tanh
+    return torch.from_numpy(np.require(array, np.float64, ["C", "W"]))
 
 
-def _stage(rank, n):
+def _stage(weights):
+    """This rank's stage: a Linear layer per (weight, bias) given, each followed by Tanh
+    unless it is the model's last layer (``weights[-1]`` has ``"last"``)."""
     import torch
 
-    per = len(_layers()) // n
-    return torch.nn.Sequential(*[m for block in _layers()[rank * per:(rank + 1) * per] for m in block]), per
+    modules = []
+    for layer in weights:
+        linear = torch.nn.Linear(layer["weight"].shape[1], layer["weight"].shape[0], dtype=torch.float64)
+        linear.weight = torch.nn.Parameter(_tensor(layer["weight"]))
+        linear.bias = torch.nn.Parameter(_tensor(layer["bias"]))
+        modules.append(linear)
+        if not layer["last"]:
+            modules.append(torch.nn.Tanh())
+    return torch.nn.Sequential(*modules)
 
 
-def _batch(microbatches):
+def _run(student, part, stage):
+    """The student's run_pipeline on this rank's part of a case: its return value."""
     import torch
 
-    g = torch.Generator().manual_seed(SEED + 1)
-    xs = [torch.randn(MICROBATCH_ROWS, DIMS[0], generator=g, dtype=torch.float64) for _ in range(microbatches)]
-    ys = [torch.randn(MICROBATCH_ROWS, DIMS[-1], generator=g, dtype=torch.float64) for _ in range(microbatches)]
-    return xs, ys
+    m = part["m"]
+    microbatches = [_tensor(x) for x in part["microbatches"]] if "microbatches" in part else [None] * m
+    targets = [_tensor(y) for y in part["targets"]] if "targets" in part else [None] * m
+    return student.run_pipeline(stage, [tuple(op) for op in part["ops"]], microbatches, targets,
+                                torch.nn.functional.mse_loss, tuple(part["activation_shape"]), dtype=torch.float64)
 
 
-def _oracle(rank, n, microbatches):
-    """Training the whole model in one process: this rank's layers' gradients (in
-    parameter order), the loss, and per microbatch the stage's output and the
-    gradient of its input (what the rank sends forward and back)."""
+def _numpy(tensor):
     import torch
 
-    blocks = _layers()
-    xs, ys = _batch(microbatches)
-    per = len(blocks) // n
-    h, boundaries = torch.cat(xs), []  # boundaries[s]: the input of stage s (s >= 1)
-    for s in range(n):
-        if s:
-            h.retain_grad()
-            boundaries.append(h)
-        h = torch.nn.Sequential(*[m for block in blocks[s * per:(s + 1) * per] for m in block])(h)
-    loss = torch.nn.functional.mse_loss(h, torch.cat(ys))
-    loss.backward()
-    grads = [p.grad for block in blocks[rank * per:(rank + 1) * per] for m in block for p in m.parameters()]
-    rows = MICROBATCH_ROWS
-    sent_forward = boundaries[rank].detach().split(rows) if rank < n - 1 else ()
-    sent_backward = boundaries[rank - 1].grad.split(rows) if rank > 0 else ()
-    return grads, float(loss), sent_forward, sent_backward
-
-
-def _carries(message, rank, sent_forward, sent_backward):
-    """What a send's data is: ["F", mb] (this stage's output of microbatch mb, sent to
-    rank + 1), ["B", mb] (the gradient of its input, to rank - 1), or None."""
-    import torch
-
-    candidates = {rank + 1: ("F", sent_forward), rank - 1: ("B", sent_backward)}.get(message["peer"])
-    if candidates is None:
+    if not isinstance(tensor, torch.Tensor):
         return None
-    kind, tensors = candidates
-    for mb, want in enumerate(tensors):
-        data = message["data"]
-        if data.shape == want.shape and torch.allclose(data.to(want.dtype), want, rtol=1e-9, atol=1e-12):
-            return [kind, mb]
-    return None
+    return tensor.detach().to("cpu", torch.float64).numpy().copy()
 
 
-def rank_side(cases, folder):
-    """Every rank: run each case; write one file per case and rank when it is done."""
-    import torch
+def _results(stage, loss):
+    """What the grader compares: every parameter's gradient (None where it has none) and
+    the loss returned (a number, None, or what it was in words)."""
+    grads = [{"name": f"stage_module.{name}", "grad": _numpy(param.grad)} for name, param in stage.named_parameters()]
+    value = plain(loss)
+    return {"grads": grads, "loss": value if value is None or isinstance(value, (float, str)) else repr(value)[:200]}
+
+
+def _message(posted):
+    """A message as plain data: a send's data comes back for the grader to name."""
+    data = posted["data"]
+    small = data is not None and data.numel() <= SENT_DATA_LIMIT
+    return {"kind": posted["kind"], "peer": plain(posted["peer"]), "tag": plain(posted["tag"]),
+            "shape": [int(n) for n in posted["shape"]], "data": _numpy(data) if small else None}
+
+
+def executor_rank(parts):
+    """A rank of the executor's job: every case it is given (its own part of each), in
+    order; one record per case, emitted as soon as it is done."""
     import torch.distributed as tdist
 
     import pipeline as student
     from course.torch_audit import MessageLog
 
-    rank, n = tdist.get_rank(), tdist.get_world_size()
-    for name, schedule in cases:
-        microbatches = 1 + max(op[1] for op in schedule[0])
-        want, oracle_loss, sent_forward, sent_backward = _oracle(rank, n, microbatches)
-        stage, _ = _stage(rank, n)
-        xs, ys = _batch(microbatches)
-        record = {"status": "ok"}
+    for part in parts:
+        name = part["case"]
+        stage = _stage(part["weights"])
+        ranks.mark(f"{name}:start")  # what the executor sends, counted by the launcher
         try:
-            launcher.mark(f"{name}:start")  # what the executor sends, counted by the launcher
             with MessageLog() as log:
-                loss = student.run_pipeline(stage, [tuple(op) for op in schedule[rank]], xs, ys,
-                                            torch.nn.functional.mse_loss, ACTIVATION_SHAPE, dtype=torch.float64)
-            launcher.mark(f"{name}:steps")
-            errors = []
-            for (param_name, param), grad in zip(stage.named_parameters(), want):
-                label = f"stage_module.{param_name}"
-                errors.append((label, None if param.grad is None else float((param.grad - grad).abs().max())))
-            messages = [{"kind": m["kind"], "peer": m["peer"], "tag": plain(m["tag"]), "shape": list(m["shape"]),
-                         "carries": _carries(m, rank, sent_forward, sent_backward) if m["kind"] == "send" else None}
-                        for m in log.messages]
-            record.update(errors=errors, loss=plain(loss), oracle_loss=oracle_loss, messages=messages,
-                          activation_shape=list(ACTIVATION_SHAPE))
+                loss = _run(student, part, stage)
+            ranks.mark(f"{name}:steps")
+            record = {"status": "ok", **_results(stage, loss), "messages": [_message(m) for m in log.messages]}
         except NotImplementedError as exc:  # a stub raises on every rank before any message
             record = {"status": "not_implemented", "message": str(exc)}
         tdist.barrier()  # no case's stray message can reach the next one
-        save_record(folder, name, rank, record)
-    return None
+        ranks.emit({"case": name, **record})
 
 
-def executor_job(n, cases, timeout=JOB_TIMEOUT_S):
-    """{case name: {"status": ..., "ranks": per-rank records, or "message"}} on ``n`` ranks."""
-    # gloo on both tiers: the model is tiny and its tensors live on the CPU.
-    start = lambda pending, folder: launcher.run(f"{__file__}:rank_side", n, pending, folder, timeout=timeout,
-                                                 backend="gloo", idle_timeout=launcher.IDLE_TIMEOUT_S,
-                                                 count_wire=True)
-    return run_cases(start, cases, n, rank_records, stem=lambda case: case[0], name=lambda case: case[0],
-                     after_hang=lambda hung, pending: list(pending), counted=("steps",))
+def memory_rank(parts):
+    """A rank of a job of cases run one after the other, each followed by a mark at which the
+    launcher reads the rank's peak memory from outside."""
+    import pipeline as student
+
+    for part in parts:
+        stage = _stage(part["weights"])
+        try:
+            record = {"status": "ok", **_results(stage, _run(student, part, stage))}
+        except NotImplementedError as exc:
+            record = {"status": "not_implemented", "message": str(exc)}
+        del stage
+        ranks.mark(f"{part['case']}:done")
+        ranks.emit({"case": part["case"], **record})

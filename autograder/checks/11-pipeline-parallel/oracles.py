@@ -19,9 +19,17 @@
   lab's partition is a dynamic program; this is the exhaustive search it must
   agree with, and it gives the best time, not the cut).
 - ``random_schedule``: a valid schedule in a random order (a random topological
-  order of the ops, cut into the devices' lists): inputs, not answers.
-- ``executor_schedules``: the GPipe, 1F1B and a shuffled valid order's op lists
-  the executor runs (p = 2 and 4, m = 4), written out as a table.
+  order of the ops, cut into the devices' lists): inputs, not answers; so are
+  ``shuffled_schedule`` (valid, microbatches out of order) and
+  ``deadlocked_schedule`` (every op once, in an order that deadlocks).
+- ``executor_schedule``: the GPipe and 1F1B op lists the executor runs (p = 2
+  and 4, m = 4), written out as a table.
+- ``draw_model`` and ``train_whole_model``: the executor's float64 MLP, drawn
+  from a generator, and one training step of the whole model in one process
+  (backpropagation by hand in NumPy, no pipeline): the loss, every layer's
+  gradient, and every stage's boundary tensors per microbatch (its output, the
+  gradient of its input), which name what each send of an executor carried
+  (``carried``). tests/test_11_pipeline_parallel.py holds it to torch's autograd.
 - ``message_problem``: do an executor's point-to-point messages, as each rank
   posted them, follow the op lists it was given (one microbatch each, in the
   ops' order)? Each receive gets the oldest unmatched send from its source
@@ -33,6 +41,8 @@ simulator) are in ``oracles_hidden.py``, which only the hidden checks use.
 """
 import itertools
 import math
+
+import numpy as np
 
 
 def op_text(op):
@@ -217,24 +227,119 @@ def brute_force_partition(costs, p, speeds=None):
     return min(bottleneck(costs, [0, *cuts, n], speeds) for cuts in itertools.combinations(range(1, n), p - 1))
 
 
-# The executor's op lists, m = 4, device d = stage d: one string per device.
+# The executor's GPipe and 1F1B op lists, device d = stage d: one string per device.
 EXECUTOR_SCHEDULES = {
-    ("gpipe", 2): ["F0 F1 F2 F3 B0 B1 B2 B3"] * 2,
-    ("gpipe", 4): ["F0 F1 F2 F3 B0 B1 B2 B3"] * 4,
-    ("1f1b", 2): ["F0 F1 B0 F2 B1 F3 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"],
-    ("1f1b", 4): ["F0 F1 F2 F3 B0 B1 B2 B3", "F0 F1 F2 B0 F3 B1 B2 B3", "F0 F1 B0 F2 B1 F3 B2 B3",
-                  "F0 B0 F1 B1 F2 B2 F3 B3"],
-    # Valid, neither GPipe nor 1F1B, microbatches out of order: an executor that runs its own
-    # schedule, or numbers the microbatches itself, sends them in another order.
-    ("shuffled", 2): ["F2 F0 F3 B2 B0 F1 B3 B1", "F2 B2 F0 B0 F3 B3 F1 B1"],
-    ("shuffled", 4): ["F2 F0 F3 F1 B2 B0 B3 B1", "F2 F0 F3 F1 B2 B0 B3 B1", "F2 F0 F3 B2 B0 F1 B3 B1",
-                      "F2 B2 F0 B0 F3 B3 F1 B1"],
+    ("gpipe", 2, 4): ["F0 F1 F2 F3 B0 B1 B2 B3"] * 2,
+    ("gpipe", 4, 4): ["F0 F1 F2 F3 B0 B1 B2 B3"] * 4,
+    ("1f1b", 2, 4): ["F0 F1 B0 F2 B1 F3 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"],
+    ("1f1b", 4, 4): ["F0 F1 F2 F3 B0 B1 B2 B3", "F0 F1 F2 B0 F3 B1 B2 B3", "F0 F1 B0 F2 B1 F3 B2 B3",
+                     "F0 B0 F1 B1 F2 B2 F3 B3"],
+    ("1f1b", 2, 2): ["F0 F1 B0 B1", "F0 B0 F1 B1"],
+    ("1f1b", 2, 8): ["F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7",
+                     "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7"],
 }
 
 
-def executor_schedule(kind, p):
+def executor_schedule(kind, p, m=4):
     """The ``kind`` schedule of ``EXECUTOR_SCHEDULES`` on ``p`` devices, as op lists."""
-    return [[(word[0], int(word[1:]), d) for word in ops.split()] for d, ops in enumerate(EXECUTOR_SCHEDULES[kind, p])]
+    return [[(word[0], int(word[1:]), d) for word in ops.split()]
+            for d, ops in enumerate(EXECUTOR_SCHEDULES[kind, p, m])]
+
+
+def shuffled_schedule(rng, p, m):
+    """A valid schedule (stage d on device d) whose device 0 runs its forwards out of
+    microbatch order, so neither GPipe's nor 1F1B's: an executor that runs a schedule of
+    its own, or numbers the microbatches itself, sends them in another order."""
+    while True:
+        schedule = random_schedule(rng, p, m, 1)
+        forwards = [op[1] for op in schedule[0] if op[0] == "F"]
+        if forwards != sorted(forwards):
+            return schedule
+
+
+def deadlocked_schedule(rng, p, m):
+    """Every op of ``m`` microbatches on ``p`` devices once, on its device, in an order that
+    deadlocks: a valid schedule with one op of a device moved before earlier ones."""
+    schedule = random_schedule(rng, p, m, 1)
+    while True:
+        device = rng.randrange(p)
+        i, j = sorted(rng.sample(range(len(schedule[device])), 2))
+        moved = [list(ops) for ops in schedule]
+        moved[device].insert(i, moved[device].pop(j))
+        if (validate(moved, p, m) or "").startswith("deadlock"):
+            return moved
+
+
+# --- the executor's model, trained in one process -------------------------------------------
+
+def draw_model(rng, dims):
+    """[(weight [out, in], bias [out])] of each Linear layer of an MLP of widths ``dims``:
+    torch's default initialisation (uniform in +-1/sqrt(in)), drawn from ``rng`` (NumPy)."""
+    layers = []
+    for a, b in zip(dims[:-1], dims[1:]):
+        bound = 1 / math.sqrt(a)
+        layers.append((rng.uniform(-bound, bound, (b, a)), rng.uniform(-bound, bound, b)))
+    return layers
+
+
+def _product(a, b):
+    """``a @ b`` as a sum over its smallest dimension (every product here has one of at most
+    8): whole-array NumPy on one core. A BLAS's threads, on a busy machine, made the wide
+    memory case's oracle take seconds instead of a fraction of one."""
+    (m, k), n = a.shape, b.shape[1]
+    if k <= min(m, n):
+        return sum(a[:, j, None] * b[None, j, :] for j in range(k))
+    if n <= m:
+        return np.stack([(a * b[:, j]).sum(1) for j in range(n)], axis=1)
+    return np.stack([(a[i, :, None] * b).sum(0) for i in range(m)])
+
+
+def train_whole_model(layers, xs, ys, p):
+    """One training step of the whole MLP (Linear layers, Tanh between them) in one
+    process, float64, with the mean squared error over the whole batch (the mean of the
+    microbatches' means: they are of equal size), by hand in NumPy, one microbatch at a
+    time; cut into ``p`` stages of ``len(layers) / p`` layers for what crosses between them:
+    {"loss", "grads": per layer (dweight, dbias), "outputs": {stage s < p-1: its output per
+    microbatch}, "input_grads": {stage s > 0: the gradient of its input per microbatch}}."""
+    per, m, last = len(layers) // p, len(xs), len(layers) - 1
+    grads = [(np.zeros_like(w), np.zeros_like(b)) for w, b in layers]
+    found = {"loss": 0.0, "grads": grads, "outputs": {s: [] for s in range(p - 1)},
+             "input_grads": {s: [] for s in range(1, p)}}
+    for x, y in zip(xs, ys):
+        inputs = []  # inputs[i]: the input of layer i; the output of a Tanh is the next layer's input
+        for i, (w, b) in enumerate(layers):
+            inputs.append(x)
+            if i and i % per == 0:
+                found["outputs"][i // per - 1].append(x)
+            x = _product(x, w.T) + b
+            if i < last:
+                x = np.tanh(x)
+        found["loss"] += float(np.mean((x - y) ** 2)) / m
+        grad = 2 * (x - y) / (y.size * m)  # of the output, for this microbatch's share of the mean
+        for i in range(last, -1, -1):
+            if i < last:
+                grad = grad * (1 - inputs[i + 1] ** 2)  # through the Tanh: 1 - tanh^2
+            grads[i][0][...] += _product(grad.T, inputs[i])
+            grads[i][1][...] += grad.sum(0)
+            grad = _product(grad, layers[i][0])
+            if i and i % per == 0:
+                found["input_grads"][i // per].append(grad)
+    return found
+
+
+def carried(data, peer, rank, trained):
+    """What a send of ``rank`` to ``peer`` carried: ["F", mb] (its stage's output of
+    microbatch mb, to rank + 1), ["B", mb] (the gradient of its stage's input, to rank - 1),
+    or None when its data is neither (or did not come back)."""
+    if data is None:
+        return None
+    kind, tensors = {rank + 1: ("F", trained["outputs"].get(rank, [])),
+                     rank - 1: ("B", trained["input_grads"].get(rank, []))}.get(peer, (None, []))
+    data = np.asarray(data, dtype=float)
+    for mb, want in enumerate(tensors):
+        if data.shape == want.shape and np.allclose(data, want, rtol=1e-9, atol=1e-12):
+            return [kind, mb]
+    return None
 
 
 # --- the executor's messages ------------------------------------------------------------------

@@ -191,18 +191,21 @@ def cases_rank(parts):
 
 
 def blockwise_memory_rank(parts):
-    """One large ``blockwise_attention`` in a rank job of one rank, whose peak memory the
-    launcher reads from outside."""
+    """``blockwise_attention`` on each case in turn (a small one, then a large one), a mark
+    after each at which the launcher reads the rank's peak memory from outside."""
     import torch
 
     import context_parallel as student
 
     torch.set_default_dtype(torch.float64)
-    case = parts[0]
-    q, k, v = (_own(case[name]) for name in ("q", "k", "v"))
-    with torch.no_grad():
-        out = student.blockwise_attention(q, k, v, case["block"], causal=case["causal"])
-    ranks.emit({"case": case["case"], "status": "ok", "out": _np(out)})
+    for case in parts:
+        q, k, v = (_own(case[name]) for name in ("q", "k", "v"))
+        with torch.no_grad():
+            out = student.blockwise_attention(q, k, v, case["block"], causal=case["causal"])
+        del q, k, v
+        ranks.mark(f"{case['case']}:done")
+        ranks.emit({"case": case["case"], "status": "ok", "out": _np(out)})
+        del out
 
 
 # --- the GPU tier ------------------------------------------------------------------------------

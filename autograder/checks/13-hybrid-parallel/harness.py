@@ -9,8 +9,9 @@ also says how many ``seconds`` it took, and one that is a plan the student's own
 ``cost_model`` of it (``cost``). A function that is still a stub
 answers ``{"not_implemented": message}`` for all its queries.
 
-The run_plan and SLURM checks' grader code lives in ``harness_hybrid.py`` and
-``harness_cluster.py``, re-exported here: a lab has one harness module.
+The run_plan and SLURM checks' grader code lives in ``harness_hybrid.py`` (the
+rank functions of run_plan's rank jobs) and ``harness_cluster.py``, re-exported
+here: a lab has one harness module.
 """
 import time
 
@@ -58,6 +59,6 @@ def planner_answers(queries):
 from autograder.grading.checking import load_beside as _load_beside  # noqa: E402
 
 _hybrid, _cluster = _load_beside(__file__, "harness_hybrid"), _load_beside(__file__, "harness_cluster")
-hybrid_cases_job, hybrid_measure_job, cost_model_times = (
-    _hybrid.hybrid_cases_job, _hybrid.hybrid_measure_job, _hybrid.cost_model_times)
+hybrid_cases_rank, hybrid_measure_rank, cost_model_times = (
+    _hybrid.hybrid_cases_rank, _hybrid.hybrid_measure_rank, _hybrid.cost_model_times)
 cluster_answers = _cluster.cluster_answers

@@ -1,173 +1,77 @@
-"""Grader code that runs the student's ``hybrid.run_plan`` in the sandbox.
+"""Grader code that runs the student's ``hybrid.run_plan`` in the sandbox, as rank jobs.
 
-The lab's ``harness.py`` re-exports these functions:
+The lab's ``harness.py`` re-exports these functions. Nothing here knows what
+run_plan should return: the check draws each case and compares what came back
+with single-process training it runs itself (``run_plan_oracles.py``, in the
+grader's process).
 
-``hybrid_cases_job(cases)`` runs every correctness case in ONE ``course.dist``
-job of ``WORLD`` gloo processes. ``cases`` is ``{name: {"plan", "model"}}``,
-plus cases ``{"refuse": [plan, ...], "model"}`` that run_plan must reject with
-``ValueError``. For a training case each rank calls ``run_plan(plan, model)``
-and then computes the single-process oracle itself, without the student's code:
-``course.models.TinyGPT`` built after ``torch.manual_seed(seed)`` in float32
-and cast to float64, trained with the same ``torch.optim`` optimizer for the
-same steps on the whole global batch (tokens and next-token targets from
-``torch.Generator().manual_seed(seed + 1)``), the mean cross-entropy over
-every token (``F.cross_entropy`` in float64). The rank's shard of every dense
-parameter is cut by the lab's documented layout, from this rank's place in
-the mesh (rank = d * tp + t, row-major as ``init_device_mesh`` lays it out),
-and compared with what run_plan returned: the record holds the losses (got,
-want) and, per parameter, the largest absolute difference and the largest
-absolute value of the wanted shard. A rank writes its record of a case as
-soon as it is done (``save_record``); a rank that raises ends the job and the
-case is reported with its error, the cases after it run again
-(``run_cases``); after a hang the remaining training cases are not run (each
-would most likely hang too), only the refusals.
+``hybrid_cases_rank(parts)`` is a rank function of a rank job
+(``autograder.sandbox.ranks``) of ``WORLD`` gloo processes. Each rank receives
+only what run_plan is documented to take: for each case the plan and the model
+(sizes, optimizer, steps, learning rate and seed: run_plan makes its own data
+and starting weights from the seed), or plans it must refuse. For a training
+case it marks ``f"{case}:start"``, calls ``run_plan(plan, model)``, marks
+``f"{case}:run"`` (the launcher counts what crossed between the two marks) and
+emits what run_plan returned, made plain (``returned``): its losses, its shards
+as float64 arrays, its own step time. For a refusal case it emits whether each
+plan raised ValueError.
 
-``hybrid_measure_job(entries)`` measures, in one job of ``WORLD`` processes,
-what a cost model of this machine needs and what it must predict:
-- ``flops``: matmul throughput of one process (float32, ``MATMUL_N`` squared,
-  one thread) while all ``WORLD`` processes multiply at once (they share the
-  machine's cores as training does);
-- ``alpha``, ``beta``: an α–β fit of gloo ``all_reduce`` (float32) over groups
-  of 2 and of 4 ranks at ``ALLREDUCE_SIZES``, to the ring formula
-  T = 2(p−1)·α + 2(p−1)/p·n·β (n bytes), by least squares on relative error;
-- ``step_time_s`` per entry ``{"plan", "model"}``: run_plan's time per step
-  after the first, measured here rather than trusted: run_plan runs
-  ``model["steps"]`` (at least 2) steps under a global ``torch.optim`` step hook, and
-  the time is the shortest gap between consecutive optimizer steps (the least
-  disturbed by whatever else runs on the machine; None when run_plan made
-  another number of ``torch.optim`` steps); the student's own
-  ``step_time_s`` is recorded next to it.
-Any error of run_plan ends the job (``status`` "raised", with the rank's
-error): its ranks may be inside different collectives by then.
+``hybrid_measure_rank(parts)`` measures, in one job of ``WORLD`` processes,
+what a cost model of this machine needs and what it must predict. First, before
+any of the student's modules is imported into the rank (nothing of the
+student's has run in these processes yet), this process's float32 matmul rate
+while all ``WORLD`` multiply at once, and gloo ``all_reduce`` times over groups
+of 2 and of 4 at ``ALLREDUCE_SIZES`` (the check fits α and β to them); then, for
+each entry, run_plan under a global ``torch.optim`` step hook that makes a mark
+after every optimizer step: the step times are the gaps between those marks by
+the launcher's clock, outside the ranks. The hook itself runs in the student's
+process (a run_plan that makes another number of steps shows in the count);
+the student's own ``step_time_s`` is sent back beside it.
 
 ``cost_model_times(entries, cluster)`` calls the student's
 ``planner.cost_model(plan, model, cluster)`` for every entry in one sandboxed
 call: ``[{"time": float} or {"error": "..."}]`` (a stub: ``{"not_implemented"}``).
 """
-from autograder.grading.checking import run_cases, save_record
-from course import dist as launcher
-from course.fits import ring_allreduce_fit
+from autograder.sandbox import ranks
 
-WORLD = 4
-CASES_TIMEOUT_S = 40  # a correct job of every case takes ~10 s on 2 cores; a deadlock ends sooner, when the job idles
-MEASURE_TIMEOUT_S = 60  # a correct measurement takes ~15-20 s on 2 shared cores
 MATMUL_N = 256
 MATMUL_SECONDS = 0.4
 ALLREDUCE_SIZES = (2**6, 2**8, 2**10, 2**18, 2**20, 2**21)  # float32 elements: 256 B .. 8 MiB
 ALLREDUCE_REPEATS = 7
+MOST_PARAMETERS = 400  # TinyGPT of 2 layers has 28 parameters; a result with far more is cut short
 
 
-# --- the oracle: TinyGPT in one process ---------------------------------------------------------
-
-def _dense(model):
+def _array(value):
+    """A parameter shard as a float64 NumPy array, or its repr when it is none."""
+    import numpy as np
     import torch
 
-    from course.models import GPTConfig, TinyGPT
-
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
     try:
-        torch.manual_seed(model["seed"])
-        gpt = TinyGPT(GPTConfig(vocab=model["vocab"], seq=model["seq"], hidden=model["hidden"],
-                                heads=model["heads"], layers=model["layers"], dropout=0.0))
-    finally:
-        torch.set_default_dtype(previous)
-    return gpt.to(torch.float64)
+        if isinstance(value, torch.Tensor):
+            return value.detach().to("cpu", torch.float64).numpy().copy()
+        return np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError, RuntimeError):
+        return repr(value)[:200]
 
 
-def _data(model):
-    import torch
-
-    generator = torch.Generator().manual_seed(model["seed"] + 1)
-    data = torch.randint(0, model["vocab"], (model["steps"], model["batch"], model["seq"] + 1), generator=generator)
-    return data[..., :-1], data[..., 1:]
-
-
-def _optimizer(model, params):
-    import torch
-
-    if model["optimizer"] == "adam":
-        return torch.optim.Adam(params, lr=model["lr"])
-    return torch.optim.SGD(params, lr=model["lr"], momentum=0.9 if model["optimizer"] == "sgd_momentum" else 0.0)
-
-
-def single_process(model):
-    """(losses per step, {name: final dense parameter}) of TinyGPT trained on the whole batch."""
-    import torch
-    import torch.nn.functional as F
-
-    gpt = _dense(model)
-    optimizer = _optimizer(model, gpt.parameters())
-    tokens, targets = _data(model)
-    losses = []
-    for step in range(model["steps"]):
-        logits = gpt(tokens[step])
-        loss = F.cross_entropy(logits.flatten(0, 1), targets[step].flatten())
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    return losses, {name: p.detach() for name, p in gpt.named_parameters()}
-
-
-def shard(name, tensor, t, tp):
-    """tp rank ``t``'s part of the dense parameter ``name``, by the lab's documented layout."""
-    import torch
-
-    def rows(x):
-        part = x.shape[0] // tp
-        return x[t * part:(t + 1) * part]
-
-    if name == "tok.weight" or name.endswith(("fc1.weight", "fc1.bias")):
-        return rows(tensor)
-    if name.endswith(("qkv.weight", "qkv.bias")):  # q, k and v, each split by heads
-        return torch.cat([rows(part) for part in tensor.chunk(3)])
-    if name.endswith(("proj.weight", "fc2.weight")):  # row-parallel: split by input features
-        part = tensor.shape[1] // tp
-        return tensor[:, t * part:(t + 1) * part]
-    return tensor
-
-
-def _compare(result, plan, model, rank):
-    """What the check needs from one rank's run_plan result."""
-    import math
-
-    import torch
-
-    tp = plan["tp"]
-    t = rank % tp  # row-major mesh: rank = d * tp + t
-    want_losses, want_params = single_process(model)
+def returned(result):
+    """What run_plan returned, as plain data: {"keys", "losses" (floats, or a repr),
+    "parameters" ({name: array}, or a repr), "step_time_s"}, or {"not_a_dict": type}."""
     if not isinstance(result, dict):
-        return {"status": "bad_result", "message": f"run_plan returned {type(result).__name__}, expected a dict "
-                "with 'losses', 'step_time_s' and 'parameters'"}
-    missing_keys = [k for k in ("losses", "parameters") if k not in result]
-    if missing_keys:
-        return {"status": "bad_result", "message": f"run_plan's result has no {missing_keys} (it has "
-                f"{sorted(result)[:10]})"}
+        return {"not_a_dict": type(result).__name__}
+    out = {"keys": sorted(str(k) for k in result)[:20]}
     try:
-        got_losses = [float(x) for x in result["losses"]]
+        out["losses"] = [float(x) for x in result.get("losses")]
     except (TypeError, ValueError):
-        return {"status": "bad_result", "message": f"run_plan's 'losses' is {result['losses']!r:.200}, expected "
-                "a list of floats, one per step"}
-    params, missing, shapes = {}, [], {}
-    got_params = result["parameters"]
-    for name, dense in want_params.items():
-        want = shard(name, dense, t, tp)
-        got = got_params.get(name) if isinstance(got_params, dict) else None
-        if got is None:
-            missing.append(name)
-            continue
-        got = torch.as_tensor(got).detach().to("cpu", torch.float64)
-        if tuple(got.shape) != tuple(want.shape):
-            shapes[name] = [list(got.shape), list(want.shape)]
-            continue
-        diff = (got - want).abs().max().item() if want.numel() else 0.0
-        params[name] = [diff if math.isfinite(diff) else float("inf"), want.abs().max().item()]
-    time_s = result.get("step_time_s")
-    return {"status": "ok", "losses": [got_losses, want_losses], "params": params, "missing": missing,
-            "shapes": shapes, "extra": sorted(set(got_params) - set(want_params))[:10] if isinstance(got_params, dict)
-            else [], "step_time_s": float(time_s) if isinstance(time_s, (int, float)) else None,
-            "tp_rank": t, "dp_rank": rank // tp}
+        out["losses"] = repr(result.get("losses"))[:200]
+    params = result.get("parameters")
+    if isinstance(params, dict):
+        out["parameters"] = {str(k): _array(v) for k, v in list(params.items())[:MOST_PARAMETERS]}
+    else:
+        out["parameters"] = repr(params)[:200]
+    seconds = result.get("step_time_s")
+    out["step_time_s"] = float(seconds) if isinstance(seconds, (int, float)) else None
+    return out
 
 
 def _refusals(student, case):
@@ -180,51 +84,29 @@ def _refusals(student, case):
             found.append({"raised": True, "message": str(exc)[:300]})
         else:
             found.append({"raised": False, "message": ""})
-    return {"status": "ok", "refusals": found}
+    return found
 
 
-def cases_rank_side(names, cases, folder):
-    """Every rank: run each named case; write one file per case and rank."""
+def hybrid_cases_rank(parts):
+    """A rank of the cases job: every case it is given, in order; one record per case."""
     import torch.distributed as tdist
 
     import hybrid as student
 
-    rank = tdist.get_rank()
-    for name in names:
-        case = cases[name]
+    for case in parts:
+        name = case["case"]
         try:
             if "refuse" in case:
-                record = _refusals(student, case)
+                record = {"status": "ok", "refusals": _refusals(student, case)}
             else:
-                launcher.mark(f"{name}:start")  # what run_plan sends, counted by the launcher
+                ranks.mark(f"{name}:start")
                 result = student.run_plan(case["plan"], case["model"])
-                launcher.mark(f"{name}:run")
-                record = _compare(result, case["plan"], case["model"], rank)
+                ranks.mark(f"{name}:run")
+                record = {"status": "ok", **returned(result)}
         except NotImplementedError as exc:  # a stub raises on every rank alike
             record = {"status": "not_implemented", "message": str(exc)}
         tdist.barrier()  # the next case starts together
-        save_record(folder, name, rank, record)
-    return None
-
-
-def _merge(records):
-    for record in records:
-        if record["status"] != "ok":
-            return {"status": record["status"], "message": record["message"]}
-    return {"status": "ok", "ranks": records}
-
-
-def hybrid_cases_job(cases):
-    """{case name: outcome}; see the module docstring."""
-    def start(pending, folder):  # gloo: the models are tiny and live on the CPU
-        return launcher.run(f"{__file__}:cases_rank_side", WORLD, list(pending), {n: cases[n] for n in pending},
-                            folder, timeout=CASES_TIMEOUT_S, backend="gloo", idle_timeout=launcher.IDLE_TIMEOUT_S,
-                            count_wire=True)
-
-    def after_hang(name, pending):  # every training case runs the same code: each would hang as long
-        return [n for n in pending if "refuse" not in cases[n]]
-
-    return run_cases(start, list(cases), WORLD, _merge, after_hang=after_hang, counted=("run",))
+        ranks.emit({"case": name, **record})
 
 
 # --- measuring the machine and run_plan ----------------------------------------------------------------
@@ -275,67 +157,31 @@ def _allreduce_times():
     return found
 
 
-def _step_times(student, plan, model):
-    """(seconds per step after the first, run_plan's result): the shortest time between consecutive
-    ``torch.optim`` steps, seen by a global optimizer hook (one step, one ``optimizer.step()``)."""
-    import time
+def hybrid_measure_rank(parts):
+    """A rank of the measuring job: the machine first, then each entry's run_plan, its
+    optimizer steps marked for the launcher's clock."""
+    ranks.emit({"case": "machine", "flops": _matmul_flops(), "allreduce": _allreduce_times()})
 
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    stamps = []
-    handle = register_optimizer_step_post_hook(
-        lambda optimizer, args, kwargs: stamps.append(time.perf_counter()))
-    try:
-        result = student.run_plan(plan, model)
-    finally:
-        handle.remove()
-    if len(stamps) != model["steps"]:
-        return None, result
-    return min(b - a for a, b in zip(stamps, stamps[1:])), result
+    import hybrid as student  # only now: the machine was measured before anything of the student's ran
 
+    for part in parts:
+        name, steps = part["case"], [0]
 
-def measure_rank_side(entries):
-    """Every rank: the matmul rate, the all-reduce times, and each entry's step time."""
-    import torch
-    import torch.distributed as tdist
+        def stepped(optimizer, args, kwargs, name=name, steps=steps):
+            steps[0] += 1
+            ranks.mark(f"{name}:step {steps[0]}")
 
-    import hybrid as student
-
-    flops = _matmul_flops()
-    allreduce = _allreduce_times()
-    found = []
-    for entry in entries:
+        ranks.mark(f"{name}:start")
+        handle = register_optimizer_step_post_hook(stepped)
         try:
-            seconds, result = _step_times(student, entry["plan"], entry["model"])
-        except NotImplementedError as exc:  # a stub raises on every rank alike
-            return {"not_implemented": str(exc)}
+            result = student.run_plan(part["plan"], part["model"])
+        finally:
+            handle.remove()
         reported = result.get("step_time_s") if isinstance(result, dict) else None
-        found.append({"step_time_s": seconds,
-                      "reported_s": float(reported) if isinstance(reported, (int, float)) else None})
-    rates = torch.tensor([flops], dtype=torch.float64)
-    everyone = [torch.zeros(1, dtype=torch.float64) for _ in range(tdist.get_world_size())]
-    tdist.all_gather(everyone, rates)
-    return {"flops_per_rank": [float(x) for x in everyone], "allreduce": allreduce, "entries": found}
-
-
-def hybrid_measure_job(entries):
-    """{"flops", "alpha", "beta", "entries": [per entry], ...} or {"status", "message"}; see the docstring."""
-    import statistics
-
-    job = launcher.run(f"{__file__}:measure_rank_side", WORLD, list(entries), timeout=MEASURE_TIMEOUT_S,
-                       backend="gloo")
-    if job.status == "not_implemented":
-        return {"status": "not_implemented", "message": job.explain()}
-    if not job.ok:
-        return {"status": job.status, "message": job.explain()}
-    rank0 = job.results[0]
-    if "not_implemented" in rank0:
-        return {"status": "not_implemented", "message": rank0["not_implemented"]}
-    alpha, beta = ring_allreduce_fit(rank0["allreduce"])
-    # Rank 0's step times: every rank's step ends in the same collectives, so the ranks agree closely.
-    return {"status": "ok", "flops": statistics.median(rank0["flops_per_rank"]),
-            "alpha": alpha, "beta": beta,
-            "flops_per_rank": rank0["flops_per_rank"], "allreduce": rank0["allreduce"], "entries": rank0["entries"]}
+        ranks.emit({"case": name, "steps": steps[0],
+                    "reported_s": float(reported) if isinstance(reported, (int, float)) else None})
 
 
 def cost_model_times(entries, cluster):

@@ -100,20 +100,13 @@ def ring(nbytes, n, link):
     return 0.0 if n == 1 else 2 * (n - 1) * (link["alpha"] + link["beta"] * nbytes / n)
 
 
-def stage_of(plan, model, cluster, j, counts):
-    """Stage j's cost: {"time", "compute", "tp_comm", "p2p", "dp_comm", "parameters", "memory"},
-    for ``counts[k]`` of its layers using ``STRATEGIES[k]``."""
-    dp, tp, pp, m = plan["dp"], plan["tp"], plan["pp"], plan["microbatches"]
-    L, h, s, V, a = model["layers"], model["hidden"], model["seq"], model["vocab"], model["heads"]
-    n_none, n_selective, n_full = counts
-    n = sum(counts)
-    b = model["batch"] / (dp * m)
-    w = 4 if model["precision"] == "fp32" else 2
-    act = s * b * h * w
+def stage_layout(plan, cluster, j):
+    """What stage j's cost takes from where its ranks are: (its slowest device's flop/s,
+    the link of its TP groups, of its DP groups, of its sends to stage j + 1 and to j - 1)."""
+    dp, tp, pp = plan["dp"], plan["tp"], plan["pp"]
     nodes = node_of_ranks(cluster)
     flops = [node["flops"] for node in cluster["nodes"] for _ in range(node["devices"])]
     rank_ids = [r for r in range(len(nodes)) if r // (dp * tp) == j]
-    speed = min(flops[r] for r in rank_ids)
 
     def link_of(groups):
         crossing = any(len({nodes[r] for r in group}) > 1 for group in groups)
@@ -121,16 +114,29 @@ def stage_of(plan, model, cluster, j, counts):
 
     tp_groups = [[r for r in rank_ids if r // tp == q] for q in {r // tp for r in rank_ids}]
     dp_groups = [[r for r in rank_ids if r % tp == i] for i in range(tp)]
+    following = link_of([[r, r + dp * tp] for r in rank_ids]) if j + 1 < pp else None
+    preceding = link_of([[r, r - dp * tp] for r in rank_ids]) if j > 0 else None
+    return min(flops[r] for r in rank_ids), link_of(tp_groups), link_of(dp_groups), following, preceding
+
+
+def stage_of(plan, model, cluster, j, counts, layout=None):
+    """Stage j's cost: {"time", "compute", "tp_comm", "p2p", "dp_comm", "parameters", "memory"},
+    for ``counts[k]`` of its layers using ``STRATEGIES[k]`` (``layout``: ``stage_layout``'s
+    answer for this plan's mesh, when the caller has it)."""
+    dp, tp, pp, m = plan["dp"], plan["tp"], plan["pp"], plan["microbatches"]
+    L, h, s, V, a = model["layers"], model["hidden"], model["seq"], model["vocab"], model["heads"]
+    n_none, n_selective, n_full = counts
+    n = sum(counts)
+    b = model["batch"] / (dp * m)
+    w = 4 if model["precision"] == "fp32" else 2
+    act = s * b * h * w
+    speed, tp_link, dp_link, following, preceding = layout or stage_layout(plan, cluster, j)
     layer_forward = 2 * b * s * 12 * h * h + 4 * b * s * s * h  # 4 linears (12h² weights) + 2 attention products
     forward = n * layer_forward + (2 * b * s * h * V if j == pp - 1 else 0)
     again = n_full * layer_forward + n_selective * 4 * b * s * s * h
     compute = (forward + 2 * forward + again) / tp / speed
-    tp_comm = (4 * n + 2 * n_full) * ring(act, tp, link_of(tp_groups))
-    p2p = 0.0
-    if j + 1 < pp:
-        p2p += _send(act / tp, link_of([[r, r + dp * tp] for r in rank_ids]))
-    if j > 0:
-        p2p += _send(act / tp, link_of([[r, r - dp * tp] for r in rank_ids]))
+    tp_comm = (4 * n + 2 * n_full) * ring(act, tp, tp_link)
+    p2p = sum(_send(act / tp, link) for link in (following, preceding) if link is not None)
     block = 12 * h * h + 13 * h
     params = n * block
     if j == 0:
@@ -141,7 +147,7 @@ def stage_of(plan, model, cluster, j, counts):
     weights_b, grads_b, _ = bytes_per_parameter(model["precision"], model["optimizer"])
     # ZeRO-3 gathers the weights for each microbatch's forward and backward (two all-gathers, each half a
     # ring all-reduce) and reduce-scatters the gradients once a step (the other half)
-    allreduce = ring(psi * grads_b, dp, link_of(dp_groups))
+    allreduce = ring(psi * grads_b, dp, dp_link)
     dp_comm = allreduce * ((2 * m + 1) / 2) if plan["zero"] == 3 else allreduce
     in_flight = m if plan["schedule"] == "gpipe" else min(m, pp - j)
     kept = (n_none * layer_bytes(model, b) + n_selective * layer_bytes(model, b, "selective")
@@ -206,16 +212,18 @@ def best_plan(model, cluster, budget):
     memory = [node["memory"] for node in cluster["nodes"] for _ in range(node["devices"])]
     best = (math.inf, None)
     for dp, tp, pp, m in shapes(model, devices):
+        mesh = {"dp": dp, "tp": tp, "pp": pp}
+        layouts = [stage_layout(mesh, cluster, j) for j in range(pp)]
+        caps = [min(budget, min(memory[j * dp * tp:(j + 1) * dp * tp])) for j in range(pp)]
         for zero, schedule in itertools.product(range(4), ("1f1b", "gpipe")):
             plan = {"dp": dp, "tp": tp, "pp": pp, "microbatches": m, "zero": zero, "schedule": schedule}
-            caps = [min(budget, min(memory[j * dp * tp:(j + 1) * dp * tp])) for j in range(pp)]
             fastest = {}  # (j, n) -> (stage cost, counts) or None
 
             def choice(j, n):
                 if (j, n) not in fastest:
                     found = None
                     for counts in _count_vectors(n):
-                        st = stage_of(plan, model, cluster, j, counts)
+                        st = stage_of(plan, model, cluster, j, counts, layouts[j])
                         if st["memory"] <= caps[j] and (found is None or st["time"] < found[0]["time"]):
                             found = (st, counts)
                     fastest[j, n] = found
@@ -231,6 +239,25 @@ def best_plan(model, cluster, budget):
                     recompute = [k for _, counts in chosen for k, c in zip(STRATEGIES, counts) for _ in range(c)]
                     best = (time, dict(plan, stages=cut, recompute=recompute))
     return best
+
+
+@remembered
+def least_memory(model, cluster):
+    """The smallest peak memory any plan of the space needs on its fullest device (bytes), and
+    that device's own memory not counted: with a budget below it, no plan fits, and at it, one
+    does (where each device's own memory allows it)."""
+    devices = sum(node["devices"] for node in cluster["nodes"])
+    least = math.inf
+    for dp, tp, pp, m in shapes(model, devices):
+        layouts = [stage_layout({"dp": dp, "tp": tp, "pp": pp}, cluster, j) for j in range(pp)]
+        for zero, schedule in itertools.product(range(4), ("1f1b", "gpipe")):
+            plan = {"dp": dp, "tp": tp, "pp": pp, "microbatches": m, "zero": zero, "schedule": schedule}
+            smallest = {(j, n): min(stage_of(plan, model, cluster, j, counts, layouts[j])["memory"]
+                                    for counts in _count_vectors(n))
+                        for j in range(pp) for n in range(1, model["layers"] - pp + 2)}
+            for cut in compositions(model["layers"], pp):
+                least = min(least, max(smallest[j, n] for j, n in enumerate(cut)))
+    return least
 
 
 @remembered
