@@ -171,6 +171,11 @@ def smooth_nonblocking(comm, u, steps, tags=(10, 11)):
     return first, work[HALO:-HALO].copy()
 
 
+def smooth_nonblocking_tagged(comm, u, steps, tag_pairs):
+    """:func:`smooth_nonblocking` once for each ``tags`` pair of ``tag_pairs``, in one job: a list of its results."""
+    return [smooth_nonblocking(comm, u, steps, tags) for tags in tag_pairs]
+
+
 # --- what a message costs ---------------------------------------------------------
 
 def exchange_times(comm, sizes, repeats):
