@@ -13,6 +13,8 @@ import numpy as np
 from matplotlib.patches import FancyArrowPatch, Rectangle
 from mpi4py import MPI
 
+from course.mpi_audit import AuditComm
+
 # --- ranks and point-to-point -------------------------------------------------
 
 
@@ -81,6 +83,22 @@ def swap_nonblocking(comm, nbytes):
     return int(into.sum())
 
 
+def ring_pass(comm, nbytes, order):
+    """Every rank sends ``nbytes`` to the rank after it and receives from the rank before, with ``Ssend``.
+
+    ``order="send first"``: every rank sends, then receives. ``order="odd-even"``: even ranks send
+    first, odd ranks receive first. Returns the sum of what arrived (``nbytes`` ones).
+    """
+    me, ranks = comm.Get_rank(), comm.Get_size()
+    out, into = np.ones(nbytes, dtype=np.uint8), np.empty(nbytes, dtype=np.uint8)
+    send = lambda: comm.Ssend(out, dest=(me + 1) % ranks)          # noqa: E731
+    receive = lambda: comm.Recv(into, source=(me - 1) % ranks)     # noqa: E731
+    first, then = (receive, send) if order == "odd-even" and me % 2 else (send, receive)
+    first()
+    then()
+    return int(into.sum())
+
+
 # --- a periodic stencil, distributed ----------------------------------------------
 # The lecture's instance: a ring-shaped (periodic) grid and a five-point moving average, so each
 # rank needs TWO values from each neighbour and the neighbours wrap around. The lab's instance
@@ -121,6 +139,41 @@ def smooth_on_ranks(comm, u, steps):
         comm.Sendrecv(work[-2 * HALO:-HALO], dest=after, sendtag=11, recvbuf=work[:HALO], source=before, recvtag=11)
         work[HALO:-HALO] = (work[:-4] + work[1:-3] + work[2:-2] + work[3:-1] + work[4:]) / 5
     return first, work[HALO:-HALO].copy()
+
+
+def smooth_counted(comm, u, steps):
+    """:func:`smooth_on_ranks` on a communicator that records every message: this rank's totals
+    (``course.mpi_audit.totals``: messages and elements sent and received, bytes sent)."""
+    audited = AuditComm(comm)
+    smooth_on_ranks(audited, u, steps)
+    return audited.totals()
+
+
+def smooth_nonblocking(comm, u, steps, tags=(10, 11)):
+    """The same average with a non-blocking exchange: post both receives, start both sends, wait for all four.
+
+    ``tags``: the tag of the messages that travel to the rank before, and of those to the rank after.
+    With one tag for both (``tags=(10, 10)``) the exchange is right on some rank counts only.
+    """
+    me, ranks = comm.Get_rank(), comm.Get_size()
+    before, after = (me - 1) % ranks, (me + 1) % ranks
+    first, last = owned_range(len(u), ranks, me)
+    work = np.empty(last - first + 2 * HALO)
+    work[HALO:-HALO] = u[first:last]
+    to_before, to_after = tags
+    for _ in range(steps):
+        requests = [comm.Irecv(work[:HALO], source=before, tag=to_after),       # lower ghosts: the rank before's top
+                    comm.Irecv(work[-HALO:], source=after, tag=to_before),      # upper ghosts: the rank after's bottom
+                    comm.Isend(work[HALO:2 * HALO], dest=before, tag=to_before),
+                    comm.Isend(work[-2 * HALO:-HALO], dest=after, tag=to_after)]
+        MPI.Request.Waitall(requests)
+        work[HALO:-HALO] = (work[:-4] + work[1:-3] + work[2:-2] + work[3:-1] + work[4:]) / 5
+    return first, work[HALO:-HALO].copy()
+
+
+def smooth_nonblocking_tagged(comm, u, steps, tag_pairs):
+    """:func:`smooth_nonblocking` once for each ``tags`` pair of ``tag_pairs``, in one job: a list of its results."""
+    return [smooth_nonblocking(comm, u, steps, tags) for tags in tag_pairs]
 
 
 # --- what a message costs ---------------------------------------------------------
@@ -174,6 +227,21 @@ def barrier_waits(comm, late_rank, delay_s):
     t0 = time.perf_counter()
     comm.Barrier()
     return time.perf_counter() - t0
+
+
+def straggler_steps(comm, steps, compute_s, slow_rank, slow_s):
+    """``steps`` rounds of compute (a sleep: ``compute_s``, or ``slow_s`` on ``slow_rank``) and a barrier.
+
+    Returns (seconds this rank computed, seconds from the first step's start to the last barrier's end).
+    """
+    comm.Barrier()
+    computed, start = 0.0, time.perf_counter()
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        time.sleep(slow_s if comm.Get_rank() == slow_rank else compute_s)
+        computed += time.perf_counter() - t0
+        comm.Barrier()
+    return computed, time.perf_counter() - start
 
 
 # --- pictures ------------------------------------------------------------------------
