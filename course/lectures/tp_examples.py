@@ -428,6 +428,26 @@ def tp_mlp_times(tokens, h, ffn, t, flops, bandwidth, bytes_per_number=2):
     return math_s, comm_s
 
 
+def tp_attention_times(tokens, h, t, flops, bandwidth, bytes_per_number=2):
+    """Seconds of one tensor-parallel attention forward's projections on one rank: (math, communication).
+
+    Math: the Q, K, V and output projections, four ``tokens × h × h/t`` products, 8·tokens·h²/t
+    flops (the s² score products left out: they only add arithmetic). Communication: g's ring
+    all-reduce of the [tokens, h] output, as for the MLP."""
+    math_s = 8 * tokens * h * h / t / flops
+    comm_s = 2 * (t - 1) / t * tokens * h * bytes_per_number / bandwidth
+    return math_s, comm_s
+
+
+def tp_widest(h, ffn, flops, bandwidth, bytes_per_number=2):
+    """The widest tensor-parallel size t (a real number) at which each region of a layer's forward
+    pass still computes at least as long as its all-reduce takes: attention's projections,
+    t − 1 ≤ 4hW/(wC) (2hW/C in 16-bit), and the MLP, t − 1 ≤ 2FW/(wC) (F·W/C in 16-bit). The
+    batch cancels out of both. The layer is compute-bound up to the smaller, attention's when F > 2h."""
+    per_byte = bandwidth / (bytes_per_number * flops)
+    return {"attention": 1 + 4 * h * per_byte, "mlp": 1 + 2 * ffn * per_byte}
+
+
 # --- on the notebook's side: formulas ---------------------------------------------------------------
 
 def korthikanti_bytes(s, b, h, a, t, sequence_parallel):
