@@ -29,12 +29,14 @@ def global_batch(step, samples, width, dtype=torch.float32):
 
 # --- 1. data parallel = single process on the global batch --------------------------------------
 
-def data_parallel_vs_single(steps=3, per_rank=8, width=16, uneven=False, average=True):
+def data_parallel_vs_single(steps=3, per_rank=8, width=16, uneven=False, average=True, weighted=False):
     """Train a float64 MLP data-parallel (all-reduce each gradient after backward),
     and the same model in one process on the whole global batch; the largest
     parameter difference after ``steps`` SGD steps. ``uneven``: rank r gets
     ``per_rank + r`` samples (each rank still averages over its own).
-    ``average=False``: gradients summed over ranks, not averaged."""
+    ``average=False``: gradients summed over ranks, not averaged. ``weighted``:
+    each rank's mean gradient is scaled by its share of the samples times the
+    world size before the all-reduce (lecture 08's Problem 3 asks why)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     sizes = [per_rank + (r if uneven else 0) for r in range(world)]
     model, single = mlp(width, 2, dtype=torch.float64), mlp(width, 2, dtype=torch.float64)
@@ -44,6 +46,8 @@ def data_parallel_vs_single(steps=3, per_rank=8, width=16, uneven=False, average
         first = sum(sizes[:rank])
         torch.nn.functional.mse_loss(model(x[first:first + sizes[rank]]), y[first:first + sizes[rank]]).backward()
         for p in model.parameters():
+            if weighted:
+                p.grad *= sizes[rank] * world / sum(sizes)
             dist.all_reduce(p.grad)
             if average:
                 p.grad /= world
@@ -171,6 +175,31 @@ def _count_buckets(cap, width, depth, x, y):
         state["calls"] = 0
         torch.nn.functional.mse_loss(model(x), y).backward()
     return state["calls"]
+
+
+def bucket_sweep(bucket_caps_mb, width=128, depth=24, batch=32, steps=10):
+    """``step_times`` for an MLP of many small weights (``width`` x ``width`` floats:
+    64 KiB at 128), so that caps below and above one weight's size both bite, and the
+    time of one all-reduce of one weight's gradient on its own (median of 5 rounds of
+    20 calls, slowest rank): what each extra bucket costs at least."""
+    rows = step_times(bucket_caps_mb, width=width, depth=depth, batch=batch, steps=steps)
+    vector, rounds = torch.zeros(width * width), []
+    for _ in range(5):
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(20):
+            dist.all_reduce(vector)
+        elapsed = torch.tensor([(time.perf_counter() - start) / 20])
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        rounds.append(float(elapsed))
+    return {"rows": rows, "allreduce_s": sorted(rounds)[2],
+            "parameters": sum(p.numel() for p in mlp(width, depth).parameters())}
+
+
+def bucket_counts(bucket_caps_mb, width=512, depth=6, batch=8):
+    """``{cap: buckets}``: how many buckets torch's DDP makes for an MLP of this shape."""
+    x, y = global_batch(dist.get_rank(), batch, width)
+    return {cap: _count_buckets(cap, width, depth, x, y) for cap in bucket_caps_mb}
 
 
 # --- 4. compression: what the exchange costs ----------------------------------------------------------
