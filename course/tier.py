@@ -17,22 +17,8 @@ DRIVERS = ("libcuda.so.1", "libcuda.so", "nvcuda.dll")
 
 @functools.cache
 def gpu_available() -> bool:
-    """True when the CUDA driver loads and reports at least one device."""
-    if os.environ.get(SIMULATOR_VAR) == "1" and "numba.cuda" in sys.modules:
-        return False
-    for name in DRIVERS:
-        try:
-            driver = ctypes.CDLL(name)
-        except OSError:
-            continue
-        try:
-            if driver.cuInit(0) != 0:
-                return False
-            count = ctypes.c_int(0)
-            return driver.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
-        except AttributeError:
-            return False
-    return False
+    """True when the CUDA driver loads and reports at least one device (``cuda_devices``)."""
+    return bool(cuda_devices()[0])
 
 
 def current_tier() -> str:
