@@ -16,7 +16,7 @@ PACKAGES = [  # (distribution, import name, what it is for, install hint)
     ("numpy", "numpy", "arrays everywhere", "pip install numpy"),
     ("numba", "numba", "modules 01-03: CPU parallel loops and CUDA kernels", "pip install numba numba-cuda"),
     ("numba-cuda", "numba.cuda", "modules 02-03: numba.cuda and its simulator", "pip install numba-cuda"),
-    ("cupy-cuda12x", "cupy", "module 04 on a GPU (NumPy stands in on the CPU tier)", "pip install 'k2c[gpu]' (GPU machines only)"),
+    ("cupy-cuda13x", "cupy", "module 04 on a GPU (NumPy stands in on the CPU tier)", "pip install 'k2c[gpu]' (GPU machines only)"),
     ("mpi4py", "mpi4py", "modules 05-06: MPI", "pip install mpich mpi4py"),
     ("torch", "torch", "modules 07-13: training", "pip install torch==2.13.0"),
     ("matplotlib", "matplotlib", "plots in lectures", "pip install matplotlib"),
@@ -26,7 +26,7 @@ PACKAGES = [  # (distribution, import name, what it is for, install hint)
 
 
 def _version(dist: str) -> str | None:
-    for name in (dist, dist.replace("-cuda12x", "-cuda13x"), dist.replace("-cuda12x", "")):
+    for name in (dist, dist.replace("-cuda13x", "-cuda12x"), dist.replace("-cuda13x", "")):
         try:
             return md.version(name)
         except md.PackageNotFoundError:

@@ -10,7 +10,7 @@ code does.
 """
 from __future__ import annotations
 
-COMPILERS = ("nvidia-cuda-nvcc-cu12", "nvidia-cuda-nvrtc-cu12")  # a lab that requires one has compile checks
+COMPILERS = ("nvidia-cuda-nvcc", "nvidia-cuda-nvrtc")  # a lab that requires one has compile checks
 
 
 def _labs(numbers) -> str:

@@ -117,8 +117,8 @@ PROBES = (
     ("MPI", {"mpich", "mpi4py"}, "course.mpi", check_mpi),
     ("torch", {"torch"}, None, check_torch),
     ("torch gloo", {"torch"}, "course.dist", check_gloo),
-    ("GPU compiler (NVVM, ptxas)", {"nvidia-cuda-nvcc-cu12"}, "course.gpu_compile", check_compile),
-    ("GPU compiler (NVRTC)", {"nvidia-cuda-nvrtc-cu12"}, "course.gpu_compile", check_nvrtc),
+    ("GPU compiler (NVVM, ptxas)", {"nvidia-cuda-nvcc", "nvidia-nvvm"}, "course.gpu_compile", check_compile),
+    ("GPU compiler (NVRTC)", {"nvidia-cuda-nvrtc"}, "course.gpu_compile", check_nvrtc),
 )
 
 

@@ -3,7 +3,7 @@
 numba's CUDA simulator runs a kernel as Python, so lists, ``np.zeros``, plain
 Python helpers and shared arrays of a size known only at run time all "work"
 there and fail on a device. This module compiles each kernel with numba-cuda's
-real compiler (NVVM, from PyPI's CUDA 12 wheels) for every architecture the
+real compiler (NVVM, from PyPI's CUDA 13.0 wheels) for every architecture the
 course supports (``ARCHITECTURES``: T4's sm_75 to RTX 50xx's sm_120), then
 assembles the PTX with ``ptxas -v`` for what the hardware will see: registers
 per thread, shared memory per block, bytes spilled to local memory. No GPU and
@@ -76,15 +76,13 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture((8, 9), "L4, L40S, RTX 40xx", "GCP g2, Colab's paid tiers, AWS g6, desktops"),
     Architecture((9, 0), "H100, H200", "clusters, cloud GPU instances"),
     Architecture((10, 0), "B200", "new clusters, cloud GPU instances"),
-    Architecture((11, 0), "Jetson AGX Thor", "robotics labs", (
-        "the pinned compilers (CUDA 12.9) do not know sm_110 (ptxas: \"Value 'sm_110' is not defined for "
-        "option 'gpu-name'\"; NVRTC does not list it): CUDA 13.0 renamed Thor from sm_101")),
+    Architecture((11, 0), "Jetson AGX Thor", "robotics labs"),
     Architecture((12, 0), "RTX 50xx, RTX Pro 6000", "desktops, Kaggle"),
 )
 TARGETS = tuple(a.cc for a in ARCHITECTURES if not a.left_out)
 WRITTEN_FOR = numba_internals.WRITTEN_FOR  # numba-cuda
-INSTALL = ("pip install 'numba-cuda==0.30.4' 'cuda-bindings==12.9.*' 'nvidia-cuda-nvcc-cu12==12.9.86' "
-           "'nvidia-cuda-nvrtc-cu12==12.9.86' 'nvidia-cuda-runtime-cu12==12.9.79'")
+INSTALL = ("pip install 'numba-cuda==0.30.4' 'cuda-bindings>=13.0.3,<14' 'nvidia-cuda-nvcc==13.0.88' "
+           "'nvidia-nvvm==13.0.88' 'nvidia-cuda-nvrtc==13.0.88' 'nvidia-cuda-runtime==13.0.96'")
 
 
 def _not_linux() -> str:
@@ -99,14 +97,14 @@ def _not_linux() -> str:
 
 
 def ptxas() -> str | None:
-    """``ptxas`` from the ``nvidia-cuda-nvcc-cu12`` wheel, else from PATH."""
+    """``ptxas`` from the ``nvidia-cuda-nvcc`` wheel (``nvidia/cu13/bin``), else from PATH."""
     try:
-        import nvidia.cuda_nvcc as nvcc
+        import nvidia.cu13 as cuda_13
 
-        folder = next(iter(nvcc.__path__))
-        candidate = os.path.join(folder, "bin", "ptxas")
-        if os.path.exists(candidate):
-            return candidate
+        for folder in cuda_13.__path__:
+            candidate = os.path.join(folder, "bin", "ptxas")
+            if os.path.exists(candidate):
+                return candidate
     except ImportError:
         pass
     import shutil
@@ -536,7 +534,7 @@ def _nvrtc_ptx(nvrtc, source: str, cc):
 
 
 def compile_cuda_c_for_targets(source: str, targets=None) -> dict:
-    """Compile CUDA C with NVRTC (the ``nvidia-cuda-nvrtc-cu12`` wheel, through
+    """Compile CUDA C with NVRTC (the ``nvidia-cuda-nvrtc`` wheel, through
     cuda-bindings) for each of ``targets`` (default ``TARGETS``), as CuPy compiles for
     the device it runs on: ``{"sm_75": result, ...}``, each ptxas's resources or NVRTC's
     errors. ptxas assembles every target at once."""

@@ -39,7 +39,7 @@ def main() -> None:
             sys.exit(f"grading the compile checks failed (exit {done.returncode})")
         compiled = json.loads(report.read_text())
     versions = ", ".join(f"{dist} {metadata.version(dist)}" for dist in
-                         ("numba-cuda", "nvidia-cuda-nvcc-cu12", "nvidia-cuda-nvrtc-cu12"))
+                         ("numba-cuda", "nvidia-cuda-nvcc", "nvidia-nvvm", "nvidia-cuda-nvrtc"))
     (out / "compile-matrix.md").write_text(
         f"The reference solutions' kernels, compiled by `k2c grade {labs} -k compiles` on "
         f"{datetime.now(timezone.utc):%Y-%m-%d} ({versions}). Each cell: registers per thread / "

@@ -155,12 +155,12 @@ PRELOAD = {"torch": ("torch", "torch.distributed", "torch._dynamo"), "numba": ("
 
 # What a call imports for each distribution a lab requires: the readiness proof
 # (autograder.sandbox.readiness) imports these in a fresh Python, as the student's user,
-# before any check runs. The compilers' wheels are folders of programs: their package
-# folder proves them readable.
+# before any check runs. The compilers' wheels are folders of programs and libraries
+# that share one package folder (nvidia/cu13): importing it proves that folder readable.
+_CUDA_13 = ("nvidia.cu13",)
 IMPORTS = {"numba": ("numba",), "numba-cuda": ("numba.cuda",), "cuda-bindings": ("cuda.bindings",),
-           "nvidia-cuda-nvcc-cu12": ("nvidia.cuda_nvcc",), "nvidia-cuda-nvrtc-cu12": ("nvidia.cuda_nvrtc",),
-           "nvidia-cuda-runtime-cu12": ("nvidia.cuda_runtime",), "torch": ("torch", "torch.distributed"),
-           "mpi4py": ("mpi4py.MPI",)}
+           "nvidia-cuda-nvcc": _CUDA_13, "nvidia-nvvm": _CUDA_13, "nvidia-cuda-nvrtc": _CUDA_13,
+           "nvidia-cuda-runtime": _CUDA_13, "torch": ("torch", "torch.distributed"), "mpi4py": ("mpi4py.MPI",)}
 
 
 def ready_to_grade(labs: list[Lab], tier: str = "cpu") -> isolation.Isolation:
