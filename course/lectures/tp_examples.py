@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from course.roofline import tp_widest  # noqa: F401 (lecture 10's bound, with the other rooflines)
 from course.timing import allreduce_seconds, matmul_flops  # noqa: F401 (the lecture calls ex.matmul_flops)
 from course.torch_audit import SavedActivations
 
@@ -437,15 +438,6 @@ def tp_attention_times(tokens, h, t, flops, bandwidth, bytes_per_number=2):
     math_s = 8 * tokens * h * h / t / flops
     comm_s = 2 * (t - 1) / t * tokens * h * bytes_per_number / bandwidth
     return math_s, comm_s
-
-
-def tp_widest(h, ffn, flops, bandwidth, bytes_per_number=2):
-    """The widest tensor-parallel size t (a real number) at which each region of a layer's forward
-    pass still computes at least as long as its all-reduce takes: attention's projections,
-    t − 1 ≤ 4hW/(wC) (2hW/C in 16-bit), and the MLP, t − 1 ≤ 2FW/(wC) (F·W/C in 16-bit). The
-    batch cancels out of both. The layer is compute-bound up to the smaller, attention's when F > 2h."""
-    per_byte = bandwidth / (bytes_per_number * flops)
-    return {"attention": 1 + 4 * h * per_byte, "mlp": 1 + 2 * ffn * per_byte}
 
 
 # --- on the notebook's side: formulas ---------------------------------------------------------------

@@ -77,6 +77,7 @@ Grade with ``k2c grade 13``.
 import itertools
 import math
 
+from course.roofline import ring_allreduce_s  # module 06's ring, the one every lecture's roofline uses
 from course.siblings import import_lab_module
 
 memory_budget = import_lab_module(__file__, "07-training-memory", "memory_budget")
@@ -93,11 +94,6 @@ def device_list(cluster):
     """One ``{"node", "flops", "memory"}`` per rank, node after node."""
     return [{"node": n, "flops": node["flops"], "memory": node["memory"]}
             for n, node in enumerate(cluster["nodes"]) for _ in range(node["devices"])]
-
-
-def ring_allreduce_s(nbytes, n, alpha, beta):
-    """A ring all-reduce of ``nbytes`` over ``n`` devices (module 06)."""
-    return 2 * (n - 1) * (alpha + beta * nbytes / n) if n > 1 else 0.0
 
 
 def check_plan(plan, model, cluster):
