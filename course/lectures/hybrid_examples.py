@@ -74,9 +74,10 @@ def _run_plan_or_stub(plan, model):
     try:
         hybrid.run_plan(plan, model)
     except NotImplementedError as exc:
-        if _stub_in(exc) is None:
+        stub = _stub_in(exc)
+        if stub is None:
             raise
-        return _stub_in(exc)
+        return stub
     return None
 
 
@@ -101,7 +102,7 @@ def _lab13_stub():
         try:
             call()
         except NotImplementedError as exc:
-            if _stub_in(exc):
+            if _stub_in(exc) is not None:
                 return _stub_in(exc)
         except Exception:  # noqa: BLE001 - see the docstring
             pass
