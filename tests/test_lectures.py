@@ -135,3 +135,62 @@ if __name__ == "__main__":
     for path in sorted(LECTURES.glob("[0-9][0-9]-*.ipynb")):
         found = problems(path)
         print(f"{path.name:32} {prose_words(path):6d} words  {sum(a for _, a in found)}/{len(found)} problems answered")
+
+
+def test_needs_lab_runs_a_cell_as_ipython_does_once_the_lab_is_done_and_else_skips_it_saying_why(
+        monkeypatch, capsys, tmp_path):
+    """Lecture 13's ``%%needs_lab 13`` (hybrid_examples): with the lab done, a cell runs as without the
+    magic (an error fails it, so nbval still checks its asserts; its last expression is its result
+    unless a ';' ends it); with a starter left it prints one line naming it and runs nothing, but in
+    the course repository (the reference solutions) a starter left is an error."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    import builtins
+
+    from traitlets.config import Config
+
+    monkeypatch.syspath_prepend(str(LECTURES))
+    shell = InteractiveShell.instance(config=Config({"HistoryManager": {"enabled": False}}))
+    added = {"__IPYTHON__", "display"} - set(vars(builtins))
+    try:
+        _needs_lab_in(shell, monkeypatch, capsys, tmp_path)
+    finally:  # the next test in this process sees no IPython
+        InteractiveShell.clear_instance()
+        for name in added:
+            vars(builtins).pop(name, None)
+
+
+def _needs_lab_in(shell, monkeypatch, capsys, tmp_path):
+    import importlib.util
+
+    from IPython.core.error import UsageError
+
+    shell.run_line_magic("load_ext", "hybrid_examples")
+    import hybrid_examples as ex
+
+    monkeypatch.setitem(ex._stubs, "13", None)  # done (the probe itself runs in the lecture, under nbval)
+    assert shell.run_cell("%%needs_lab 13\nx = 20\nx + 1").result == 21 and shell.user_ns["x"] == 20
+    assert shell.run_cell("%%needs_lab 13\nx + 1;").result is None
+    failed = shell.run_cell("%%needs_lab 13\nassert x == 0, 'checked'")
+    assert isinstance(failed.error_in_exec, AssertionError) and str(failed.error_in_exec) == "checked"
+    assert isinstance(shell.run_cell("%%needs_lab 7\nx = 0").error_in_exec, UsageError)
+    capsys.readouterr()
+
+    # A starter's NotImplementedError names its function and lab; torch's own is no starter's.
+    spec = importlib.util.spec_from_file_location("cluster", LECTURES.parents[1] / "labs/13-hybrid-parallel/cluster.py")
+    starter = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(starter)
+    with pytest.raises(NotImplementedError) as raised:
+        starter.rank_from_env({})
+    assert ex._stub_in(raised.value) == ("13", "cluster.rank_from_env")
+    assert ex._stub_in(NotImplementedError("Could not run 'aten::add' with arguments from the 'Meta' backend")) is None
+
+    monkeypatch.setitem(ex._stubs, "13", ("10", "tensor_parallel.VocabParallelEmbedding.__init__"))
+    monkeypatch.setattr(ex, "LAB_CODE", tmp_path / "labs" / "13-hybrid-parallel")  # a student's repository
+    skipped = shell.run_cell("%%needs_lab 13\nx = 99")
+    out = capsys.readouterr().out
+    assert skipped.success and shell.user_ns["x"] == 20
+    assert out.count("\n") == 1 and "lab 10's tensor_parallel.VocabParallelEmbedding.__init__ is not implemented yet" \
+        in out and "`k2c grade 10`" in out
+    monkeypatch.setattr(ex, "LAB_CODE", tmp_path / "solutions" / "13-hybrid-parallel")  # the course repository
+    assert isinstance(shell.run_cell("%%needs_lab 13\nx = 99").error_in_exec, RuntimeError)

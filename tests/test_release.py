@@ -431,3 +431,30 @@ def test_readme_commands_set_up_and_grade_the_starters_at_zero(released, tmp_pat
 
     # Setting up and grading leave the student's tree clean (.gitignore covers .venv, egg-info).
     assert git(released, "status", "--porcelain") == ""
+
+
+@pytest.mark.slow
+def test_lecture_13_runs_top_to_bottom_in_the_release_with_the_starters(released):
+    """Students read lecture 13 before they do lab 13: in the release, with the starters, the lecture
+    runs without an error, each cell that needs the lab (``%%needs_lab 13``) saying which function is
+    not implemented yet instead of running, and the others running. The kernel imports the
+    release's own course package and lab folder (a last cell, added here, says which)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    folder = released / "course" / "lectures"
+    lecture = nbformat.read(folder / "13-hybrid-parallel.ipynb", as_version=4)
+    lecture.cells.append(nbformat.v4.new_code_cell("import course\nprint(course.__file__, ex.LAB_CODE)"))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env["PYTHONPATH"] = str(released)  # before this checkout's editable install
+    NotebookClient(lecture, timeout=120, resources={"metadata": {"path": str(folder)}}).execute(env=env)
+
+    code = [c for c in lecture.cells if c.cell_type == "code"]
+    printed = ["".join(o.get("text", "") for o in c.outputs if o.output_type == "stream") for c in code]
+    needs_lab = [c.source.startswith("%%needs_lab 13\n") for c in code]
+    assert sum(needs_lab) >= 20 and not needs_lab[0]  # the Setup cell runs in the release too
+    skipped = [p for p, needs in zip(printed, needs_lab) if needs]
+    assert all(p.count("\n") == 1 and "lab 13's planner.check_plan is not implemented yet" in p
+               and "`k2c grade 13`" in p and "docs site" in p for p in skipped), skipped[0]
+    assert all("not implemented yet" not in p for p, needs in zip(printed, needs_lab) if not needs)
+    assert printed[-1].split() == [str(folder.parent / "__init__.py"), str(released / "labs" / "13-hybrid-parallel")]

@@ -14,8 +14,12 @@ front, a plan's time split, and the pictures.
 The lab's code (``planner``, ``hybrid``, ``cluster``) is imported from the lab's
 folder; importing this module puts that folder on ``sys.path`` (for the notebook
 and for every rank). In the student repository that is your own
-``labs/13-hybrid-parallel``, so this lecture runs once your lab does.
+``labs/13-hybrid-parallel``, so the cells that run it start with the cell magic
+``%%needs_lab 13`` (registered when this module is imported in IPython): until
+the lab is done they say which of its functions is not implemented yet and
+skip themselves.
 """
+import ast
 import contextlib
 import math
 import sys
@@ -38,6 +42,128 @@ if str(LAB_CODE) not in sys.path:
 
 import hybrid  # noqa: E402  (the lab's run_plan, found on the path set just above)
 import planner  # noqa: E402
+
+# --- 0. cells that run the lab: %%needs_lab -------------------------------------------------------------
+#
+# The lecture must not show the lab's answer, so in the student repository its cells run the student's
+# own lab 13, a starter until the lab is done. A cell that starts with ``%%needs_lab 13`` runs as usual
+# once lab 13 is done, and otherwise prints one line and is skipped: all such cells alike, so no later
+# cell misses a name that a skipped one would have defined.
+
+STUB = "not implemented yet"   # how every starter's NotImplementedError begins (``k2c sync`` writes them)
+
+
+def _stub_in(exc):
+    """``("13", "planner.check_plan")``: the lab and the function of the starter that raised ``exc``
+    (the lab from its folder, ``NN-slug``; None outside one); None when ``exc`` is no starter's (a
+    NotImplementedError of torch's, say)."""
+    if not str(exc).startswith(STUB):
+        return None
+    tb = exc.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    where = Path(code.co_filename)
+    lab = where.parent.name.split("-")[0]
+    return (lab if lab.isdigit() else None), f"{where.stem}.{code.co_qualname}"
+
+
+def _run_plan_or_stub(plan, model):
+    """On a rank: ``run_plan``, or the starter it stopped at (``_stub_in``): a job's error carries only
+    the exception's message, not where it was raised."""
+    try:
+        hybrid.run_plan(plan, model)
+    except NotImplementedError as exc:
+        stub = _stub_in(exc)
+        if stub is None:
+            raise
+        return stub
+    return None
+
+
+def _lab13_stub():
+    """The first of lab 13's functions (or of the earlier labs' they call) still a starter, called in the
+    lecture's order on a tiny case (one device, one layer, one step; ``run_plan`` on one rank), as
+    ``_stub_in`` names it; None when none is. An error other than a starter's does not skip the cells:
+    it is the lab's to show in the cell that meets it."""
+    import cluster as jobs   # the lab's cluster.py
+
+    from course import dist as ranks
+
+    model = {"layers": 1, "hidden": 8, "heads": 2, "seq": 4, "batch": 2, "vocab": 16, "dropout": 0.0,
+             "precision": "fp32", "optimizer": "sgd", "steps": 1, "seed": 0}
+    device, plan = one_node(1, 1e12, 1e-5, 1e-10, 1e9), simple_plan(1, 1, 1)
+    job = {"name": "probe", "nodes": 1, "kind": "torch", "procs_per_node": 1, "command": ["train.py"]}
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1"}
+    for call in (lambda: planner.check_plan(plan, model, device), lambda: planner.cost_model(plan, model, device),
+                 lambda: planner.search(model, device, 1e9), lambda: hybrid.check_plan(plan, model, 1),
+                 lambda: jobs.validate_job(dict(job)), lambda: jobs.make_sbatch(dict(job)),
+                 lambda: jobs.rank_from_env(env)):
+        try:
+            call()
+        except NotImplementedError as exc:
+            if _stub_in(exc) is not None:
+                return _stub_in(exc)
+        except Exception:  # noqa: BLE001 - see the docstring
+            pass
+    run = ranks.run(_run_plan_or_stub, 1, plan, model, timeout=120)
+    return run.results[0] if run.ok else None
+
+
+LAB_STUBS = {"13": _lab13_stub}   # the labs a cell can name, and how to find a starter left in each
+_stubs = {}                       # lab -> its starter left, or None: decided once per kernel
+
+
+def stub_left(lab):
+    """``_stub_in``'s ``(lab, function)`` of a starter left in ``lab`` (``"13"``) or the labs it uses,
+    or None when it is done. Asked once, then kept: a kernel keeps the lab's modules it imported, so a
+    lab finished since shows after a restart."""
+    if lab not in _stubs:
+        _stubs[lab] = LAB_STUBS[lab]()
+    return _stubs[lab]
+
+
+def needs_lab(line, cell):
+    """The cell magic ``%%needs_lab 13``: run the cell when every lab named on the line is done, else
+    print which function is not implemented yet and skip it. In the course repository, where the labs
+    are the reference solutions, a starter left is an error, not a reason to skip."""
+    from IPython import get_ipython
+    from IPython.core.displayhook import DisplayHook
+    from IPython.core.error import UsageError
+
+    labs = line.split()
+    if not labs or not all(n.isdigit() and f"{int(n):02d}" in LAB_STUBS for n in labs):
+        raise UsageError(f"%%needs_lab takes the numbers of labs it knows ({', '.join(LAB_STUBS)}), got {line!r}")
+    for lab in labs:
+        stub = stub_left(f"{int(lab):02d}")
+        if stub is None:
+            continue
+        owner, function = stub[0] or lab, stub[1]
+        if LAB_CODE.parent.name == "solutions":
+            raise RuntimeError(f"{function} of lab {owner} is {STUB}: the reference solutions must be complete")
+        print(f"Skipped: lab {owner}'s {function} is {STUB}. Finish lab {owner} (`k2c grade {owner}`), restart "
+              "the kernel and run the lecture again; the course's docs site shows what this cell prints.")
+        return None
+    shell = get_ipython()
+    code = shell.transform_cell(cell)
+    tree = shell.transform_ast(shell.compile.ast_parse(code))
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    filename = shell.compile.cache(code, shell.execution_count, raw_code=cell)   # tracebacks show the lines
+    exec(shell.compile(tree, filename, "exec"), shell.user_global_ns, shell.user_ns)
+    if last is not None:
+        value = eval(shell.compile(ast.Expression(last.value), filename, "eval"), shell.user_global_ns, shell.user_ns)
+        if not DisplayHook.semicolon_at_end_of_expression(cell):
+            return value   # the cell's result, shown as without the magic
+    return None
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext hybrid_examples`` registers ``%%needs_lab``; importing this module in IPython does too."""
+    ipython.register_magic_function(needs_lab, "cell", "needs_lab")
+
+
+if "IPython" in sys.modules and sys.modules["IPython"].get_ipython() is not None:   # a notebook's kernel, say
+    load_ipython_extension(sys.modules["IPython"].get_ipython())
 
 # --- 1. on the ranks: calibration, training runs, the bytes a rank holds --------------------------------
 
