@@ -457,4 +457,6 @@ def test_lecture_13_runs_top_to_bottom_in_the_release_with_the_starters(released
     assert all(p.count("\n") == 1 and "lab 13's planner.check_plan is not implemented yet" in p
                and "`k2c grade 13`" in p and "docs site" in p for p in skipped), skipped[0]
     assert all("not implemented yet" not in p for p, needs in zip(printed, needs_lab) if not needs)
+    # the rooflines need only the toolkit (course.roofline) and the cluster's numbers: they run before the lab
+    assert any("compute-bound above" in p for p, needs in zip(printed, needs_lab) if not needs), printed
     assert printed[-1].split() == [str(folder.parent / "__init__.py"), str(released / "labs" / "13-hybrid-parallel")]
