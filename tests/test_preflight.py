@@ -212,3 +212,22 @@ def test_what_each_library_says_is_read_as_the_kind_of_failure_it_is(text, kind)
     from autograder.grading.preflight import kind_of_failure
 
     assert kind_of_failure(text) == kind
+
+
+def test_a_gpu_node_whose_cuda_compilers_come_from_its_toolkit_still_grades(monkeypatch):
+    """A cluster's GPU node (or the course's own GPU image) often has NVVM and ptxas from a CUDA
+    toolkit, not from the pinned wheels: the lab still grades there (its compile checks find the
+    toolkit, or skip saying why), and the readiness proof does not import wheels that are absent.
+    A missing numba-cuda still stops grading."""
+    from autograder.grading import runner
+
+    absent = set(runner.COMPILER_WHEELS)
+    monkeypatch.setattr(runner, "_installed", lambda dist: dist not in absent)
+    assert runner.missing_stack(lab("02")) == ""
+    proven = {}
+    monkeypatch.setattr("autograder.sandbox.readiness.prove", lambda layer, modules: proven.update(modules=modules))
+    monkeypatch.setattr(runner.isolation, "detect", lambda: "a layer")
+    runner.proven_layer([lab("02")])
+    assert "numba.cuda" in proven["modules"] and "nvidia.cu13" not in proven["modules"], proven
+    absent.add("numba-cuda")
+    assert "lab 02-cuda-model needs numba-cuda, which this environment lacks" in runner.missing_stack(lab("02"))

@@ -53,20 +53,30 @@ def for_this_platform(dist: str) -> bool:
     return wanted is None or wanted.marker is None or wanted.marker.evaluate({"extra": ""})
 
 
-def missing_stack(lab: Lab) -> str:
-    """Why this environment cannot grade ``lab`` ("" when it can): a distribution of its
-    ``requires`` that k2c asks for on this platform but is not installed, or MPI's
-    launcher. Cheap: versions and paths, nothing run (``k2c selftest`` runs the stack)."""
+# The CUDA compilers' wheels. A CUDA toolkit installed on the machine (a GPU node's
+# /usr/local/cuda, a conda cudatoolkit) serves as well: course.gpu_compile finds NVVM and
+# ptxas either way, and where neither is there the compile checks say so and skip
+# (``gpu_compile.unavailable``), while the lab's other checks still grade.
+COMPILER_WHEELS = ("nvidia-cuda-nvcc", "nvidia-nvvm", "nvidia-cuda-nvrtc", "nvidia-cuda-runtime")
+
+
+def _installed(dist: str) -> bool:
     from importlib import metadata
 
-    lacking = []
-    for dist in lab.requires or ():
-        if not for_this_platform(dist):
-            continue  # its checks skip with the reason
-        try:
-            metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            lacking.append(dist)
+    try:
+        metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def missing_stack(lab: Lab) -> str:
+    """Why this environment cannot grade ``lab`` ("" when it can): a distribution of its
+    ``requires`` that k2c asks for on this platform but is not installed (the compilers'
+    wheels aside: ``COMPILER_WHEELS``), or MPI's launcher. Cheap: versions and paths, nothing
+    run (``k2c selftest`` runs the stack)."""
+    lacking = [dist for dist in lab.requires or ()
+               if for_this_platform(dist) and dist not in COMPILER_WHEELS and not _installed(dist)]
     if lacking:
         return (f"lab {lab.slug} needs {', '.join(lacking)}, which this environment lacks: "
                 f"pip install {' '.join(lacking)} (see `k2c doctor`)")
@@ -191,7 +201,8 @@ def proven_layer(labs: list[Lab]) -> isolation.Isolation:
     except RuntimeError as exc:
         raise IncompleteEnvironment(str(exc)) from None
     modules = tuple(dict.fromkeys(m for lab in labs for dist in (lab.requires if lab.requires is not None else IMPORTS)
-                                  if for_this_platform(dist) for m in IMPORTS.get(dist, ())))
+                                  if for_this_platform(dist) and (dist not in COMPILER_WHEELS or _installed(dist))
+                                  for m in IMPORTS.get(dist, ())))
     try:
         readiness.prove(layer, modules)
     except readiness.Unready as exc:
