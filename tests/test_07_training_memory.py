@@ -213,3 +213,63 @@ def test_a_timeout_in_the_estimates_is_the_submissions():
     with pytest.raises(SubmissionTimeout, match="your estimates for four 1-7B models did not finish"):
         checks._timed(submission, 1)
     assert submission.cannot_grade == ""
+
+
+# --- the GPU check's dry run: a stand-in for torch.cuda's memory calls ------------------
+
+def test_the_stand_in_counts_live_tensor_bytes_and_their_peak():
+    """Storages count once (a view adds nothing, nor does an op in place), from the op that returned
+    them until Python frees them; the peak is the most counted after any op, reset to what is live."""
+    stand_in = oracles.CudaMemoryStandIn()
+    before = torch.ones(1000)  # made before the stand-in was entered: not counted
+    with stand_in:
+        a = torch.empty(1000)  # 4000 bytes
+        assert stand_in.memory_allocated() == 4000
+        view = a[10:]
+        b = a + 1  # 4000 more
+        b.add_(before)
+        assert stand_in.memory_allocated() == stand_in.max_memory_allocated() == 8000
+        del a, view
+        assert stand_in.memory_allocated() == 4000 and stand_in.max_memory_allocated() == 8000
+        stand_in.reset_peak_memory_stats()
+        c = b.double()  # 8000 more
+        del b, c
+        assert (stand_in.memory_allocated(), stand_in.max_memory_allocated()) == (0, 12000)
+    assert "CPU tier dry run" in stand_in.get_device_name()
+
+
+class _Estimates:
+    """Just enough of a Submission for the GPU check: the reference's estimates, ``peak`` changed by ``wrong``;
+    the grader's measurement shared by every instance (one stand-in run)."""
+    measured = {}
+
+    def __init__(self, wrong=lambda peak: peak):
+        self.reference, self.wrong = _reference(), wrong
+
+    def _estimate(self, config):
+        found = self.reference.estimate_train_memory(config)
+        return {"status": "ok", "value": dict(found, peak=self.wrong(found["peak"]))}
+
+    def harness_once(self, key, name, configs):
+        assert name == "student_answers"
+        return {"per_config": [{"estimate_train_memory": self._estimate(c)} for c in configs]}
+
+    def once(self, key, compute):
+        if key not in self.measured:
+            self.measured[key] = compute()
+        return self.measured[key]
+
+
+def test_the_gpu_checks_dry_run_measures_a_cpu_step_and_fails_an_estimate_far_off():
+    """The reference's estimates pass the dry run (the whole grading's is in test_gpu_dry_run.py); a peak
+    that leaves out the activations, half again too large, fails it, naming the stand-in's bytes."""
+    check, seed = checks.check_peak_matches_cuda_max_memory_allocated, 3
+    metrics = {}
+    check(_Estimates(), seed, metrics, gpu_dry_run=True)
+    assert "CPU tier dry run" in metrics["device"]
+    ratios = [v for k, v in metrics.items() if k.endswith("_estimate_over_measured")]
+    assert len(ratios) == 4 and all(0.85 < r < 1.0 for r in ratios), metrics
+    for wrong in (lambda peak: int(peak * 1.5), lambda peak: peak // 2):
+        with pytest.raises(AssertionError, match=r"peak for fp32, adam, checkpointing=False .* the stand-in's "
+                                                 r"live CPU tensor bytes peaked at"):
+            check(_Estimates(wrong), seed, {}, gpu_dry_run=True)

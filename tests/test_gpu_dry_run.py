@@ -1,6 +1,7 @@
 """The GPU tier's dry run on the CPU tier (`k2c grade --dry-run-gpu`): every GPU-tier check of
 labs 02-04 runs its harness functions, course.gpu_timing and its judge at tiny sizes on the
-stand-ins of course.gpu_stand_in (the kernels in numba's simulator), and is reported as
+stand-ins of course.gpu_stand_in (the kernels in numba's simulator), lab 07's check its training step on
+the CPU with a stand-in for torch.cuda's memory calls (its oracles.py), and each is reported as
 skipped, awarding nothing; scripts/gpu_table.py makes its table from the dry run's JSON."""
 import json
 import subprocess
@@ -14,7 +15,7 @@ from autograder.grading.runner import grade, list_checks
 from conftest import REPO, k2c, load_check_file
 
 pytestmark = pytest.mark.xdist_group("gpu-dry-run")  # one worker grades the dry run once (a module fixture)
-LABS = ("02-cuda-model", "03-shared-memory", "04-cupy-streams")
+LABS = ("02-cuda-model", "03-shared-memory", "04-cupy-streams", "07-training-memory")
 
 
 def gpu_checks(slug) -> set[str]:
@@ -23,7 +24,7 @@ def gpu_checks(slug) -> set[str]:
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
-    """Labs 02-04's references, their GPU checks only, dry run: (the JSON report, its path,
+    """Labs 02-04's and 07's references, their GPU checks only, dry run: (the JSON report, its path,
     the process, which printed the text report)."""
     wanted = {slug: gpu_checks(slug) for slug in LABS}
     out = tmp_path_factory.mktemp("dry-run") / "gpu-dry-run.json"

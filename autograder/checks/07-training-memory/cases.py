@@ -97,10 +97,14 @@ def profile_config(seed):
                 vocab=pick(rng, (32, 64)), dropout=0.0, precision="fp32", optimizer="adam")
 
 
-def gpu_configs(seed):
+def gpu_configs(seed, dry_run=False):
     """The GPU tier's model, its tensors well above the allocator's workspaces: both precisions, with and
-    without checkpointing."""
+    without checkpointing. ``dry_run`` (the CPU tier's dry run): a tiny model, a tenth of a second a step."""
     rng = seeds.rng(seed, "07", "gpu")
-    shape = dict(layers=pick(rng, (3, 4, 5)), hidden=pick(rng, (384, 512, 640)), heads=8, seq=pick(rng, (256, 512)),
-                 batch=pick(rng, (2, 4)), vocab=pick(rng, (1024, 2048)), dropout=0.1)
+    if dry_run:
+        shape = dict(layers=pick(rng, (2, 3)), hidden=pick(rng, (32, 48, 64)), heads=4, seq=pick(rng, (32, 48, 64)),
+                     batch=2, vocab=pick(rng, (64, 96, 128)), dropout=0.1)
+    else:
+        shape = dict(layers=pick(rng, (3, 4, 5)), hidden=pick(rng, (384, 512, 640)), heads=8,
+                     seq=pick(rng, (256, 512)), batch=pick(rng, (2, 4)), vocab=pick(rng, (1024, 2048)), dropout=0.1)
     return [dict(shape, precision=p, optimizer="adam", checkpointing=c) for p in PRECISIONS for c in (False, True)]

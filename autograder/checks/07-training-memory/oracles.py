@@ -21,17 +21,22 @@ is about, or follows from the model's structure measured that way:
   evaluated at any shape: GPT-3's or a 7B model's bytes without running it;
 - ``replay_step``: one training step of a given model and batch with plain
   torch, the loss and the parameters after it (``profile_step``'s oracle);
-- ``cuda_peaks`` (GPU tier): ``torch.cuda.max_memory_allocated`` of a real step.
+- ``cuda_peaks`` (GPU tier): ``torch.cuda.max_memory_allocated`` of a real step;
+  in the CPU tier's dry run, ``CudaMemoryStandIn`` answers for ``torch.cuda``.
 
 Mixed precision is the ZeRO paper's: the model in bfloat16 (parameters,
 gradients, activations), the optimizer working on a float32 master copy.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import weakref
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from autograder.grading.checking import torch_on_one_thread
 from course.models import GPTConfig, TinyGPT
@@ -278,25 +283,93 @@ def replay_step(config, weights, tokens, targets) -> tuple[float, dict]:
 
 # --- GPU tier: the peak, as the CUDA caching allocator saw it ----------------------
 
-def cuda_peaks(configs):
+def cuda_peaks(configs, dry_run=False):
     """Per configuration: the peak bytes of a training step on the GPU, less what was there before.
 
     A warm-up step creates the gradients and the optimizer state; then the peak
     of one more step, minus what was allocated beyond the model states before
     it (the batch, cuBLAS workspaces), is the step's own peak.
+
+    ``dry_run`` (the CPU tier's dry run of the GPU tier): the same lines on the
+    CPU, in one thread, with :class:`CudaMemoryStandIn` answering for
+    ``torch.cuda``. Its bytes are a CPU step's live tensors, not the caching
+    allocator's: nothing measured so says anything about a GPU.
     """
+    stand_in = CudaMemoryStandIn() if dry_run else None
+    cuda, device = (stand_in, "cpu") if dry_run else (torch.cuda, "cuda")
     found = []
-    for config in configs:
-        trainer = Trainer(config, device="cuda")
-        trainer.forward_backward()
-        trainer.update()
-        torch.cuda.synchronize()
-        states = trainer.state_bytes()
-        other = torch.cuda.memory_allocated() - sum(states.values())
-        torch.cuda.reset_peak_memory_stats()
-        trainer.forward_backward()
-        torch.cuda.synchronize()
-        found.append({"peak": torch.cuda.max_memory_allocated() - other, **states})
-        del trainer
-        torch.cuda.empty_cache()
+    with (torch_on_one_thread() if dry_run else contextlib.nullcontext()), (stand_in or contextlib.nullcontext()):
+        for config in configs:
+            trainer = Trainer(config, device=device)
+            trainer.forward_backward()
+            trainer.update()
+            cuda.synchronize()
+            states = trainer.state_bytes()
+            other = cuda.memory_allocated() - sum(states.values())
+            cuda.reset_peak_memory_stats()
+            trainer.forward_backward()
+            cuda.synchronize()
+            found.append({"peak": cuda.max_memory_allocated() - other, "device": cuda.get_device_name(), **states})
+            del trainer
+            cuda.empty_cache()
     return found
+
+
+class CudaMemoryStandIn(TorchDispatchMode):
+    """``torch.cuda``'s memory calls that ``cuda_peaks`` makes, answered on the CPU.
+
+    While it is entered (a ``TorchDispatchMode``: every aten op, forward and
+    backward, passes through it), it counts the bytes of the CPU storages that the
+    ops return and that are still alive: a storage is counted the first time an
+    op returns it (grown if an op resized it) and uncounted when Python frees it
+    (``weakref.finalize``; torch keeps one Python object per storage). The peak is
+    the most counted after any op. Tensors made before it was entered are not
+    counted. The CUDA caching allocator rounds blocks up and keeps workspaces, so
+    its numbers differ; these only let the GPU tier's lines run on the CPU tier.
+    """
+
+    NAME = "stand-in device (CPU tier dry run: live CPU tensor bytes, not a GPU's allocator)"
+
+    def __init__(self):
+        super().__init__()
+        self._bytes = {}  # id of a live storage -> the bytes counted for it
+        self._allocated = 0
+        self._peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for value in tree_leaves(out):
+            if isinstance(value, torch.Tensor) and value.device.type == "cpu":
+                self._count(value.untyped_storage())
+        return out
+
+    def _count(self, storage):
+        key, nbytes = id(storage), storage.nbytes()
+        if key not in self._bytes:
+            self._bytes[key] = 0
+            weakref.finalize(storage, self._free, key)
+        self._allocated += max(0, nbytes - self._bytes[key])
+        self._bytes[key] = max(nbytes, self._bytes[key])
+        self._peak = max(self._peak, self._allocated)
+
+    def _free(self, key):
+        self._allocated -= self._bytes.pop(key)
+
+    # torch.cuda's names, as cuda_peaks calls them
+    def synchronize(self):
+        """The CPU's ops are done when they return."""
+
+    def memory_allocated(self) -> int:
+        return self._allocated
+
+    def max_memory_allocated(self) -> int:
+        return self._peak
+
+    def reset_peak_memory_stats(self):
+        self._peak = self._allocated
+
+    def empty_cache(self):
+        """No cache: a freed storage is uncounted at once."""
+
+    def get_device_name(self) -> str:
+        return self.NAME
