@@ -1,7 +1,7 @@
 """The devices the GPU tier times on: one class per library the labs launch with.
 
-:class:`CupyDevice` and :class:`NumbaDevice` give a GPU-tier harness function
-what it needs, whichever library launches its kernels: arrays (``xp``,
+:class:`CupyDevice`, :class:`NumbaDevice` and :class:`TorchDevice` give a GPU-tier
+harness function what it needs, whichever library launches its kernels: arrays (``xp``,
 ``empty``, ``hashed``, ``take``, ``to_host``), timing (``event``,
 ``elapsed_s``, ``synchronize``, ``host_clock``, ``flush_l2``) and the
 ``record`` that goes with every result (``course.gpu_timing`` says what
@@ -221,6 +221,105 @@ class NumbaDevice(Device):
         return 1 if self.stand_in else max(1, min(4096, math.ceil(size / threads)))
 
 
+class TorchDevice(Device):
+    """torch's CUDA device: tensors on it, ``torch.cuda``'s events on the current stream.
+    ``cuda`` is ``torch.cuda`` or its stand-in (``course.gpu_stand_in.StandIn.torch_cuda``:
+    CPU tensors, events on the stand-in's clock)."""
+
+    def __init__(self, cuda=None):
+        super().__init__()
+        import torch
+
+        self.torch = self.xp = torch
+        self.cuda = torch.cuda if cuda is None else cuda
+        self.stand_in = getattr(self.cuda, "STAND_IN", None)
+        if self.stand_in is not None:
+            self.clock, self.torch_device = self.stand_in.clock, "cpu"
+
+    def _read_info(self) -> DeviceInfo:
+        index = self.cuda.current_device()
+        props = self.cuda.get_device_properties(index)
+
+        def field(name):  # not every torch has every field (the clocks came late): None in the record
+            found = getattr(props, name, None)
+            return int(found) if found is not None else None
+
+        card = self.stand_in.card if self.stand_in else None
+        return DeviceInfo(str(props.name), (int(props.major), int(props.minor)), field("multi_processor_count"),
+                          field("L2_cache_size"), field("clock_rate"), field("memory_clock_rate"),
+                          field("memory_bus_width"), card.driver if card else _cuda_driver_version(),
+                          card.runtime if card else self.torch.version.cuda, card is not None,
+                          self.stand_in.clocks_now() if card else _nvml_clocks(index))
+
+    def _dtype(self, dtype):
+        return dtype if isinstance(dtype, self.torch.dtype) else self.torch.from_numpy(np.empty(0, dtype)).dtype
+
+    def empty(self, shape, dtype):
+        return self.torch.empty(shape, dtype=self._dtype(dtype), device=self.torch_device)
+
+    def hashed(self, seed, shape, low=0.0, high=1.0, dtype=np.float32, stream=0):
+        """``gpu_timing.hashed``, bit for bit, made on the device in int64 arithmetic (every
+        product kept below 2**63: torch's unsigned integers lack the operations)."""
+        torch, size = self.torch, int(np.prod(shape))
+        key = int(_fmix(np, np.asarray(_key(seed, stream)))[()])
+        index = torch.arange(size, dtype=torch.int64, device=self.torch_device)
+        bits = _fmix_int64((_mul32(index & _M32, _GOLDEN) + key) & _M32) >> 8
+        values = bits.to(torch.float64) * 2.0 ** -24 * (high - low) + low
+        return values.to(self._dtype(dtype)).reshape(shape)
+
+    def to_host(self, a) -> np.ndarray:
+        return a.detach().cpu().numpy()
+
+    def take(self, a, positions) -> np.ndarray:
+        """The values of ``a`` at flat ``positions``, on the host (only they cross the bus)."""
+        where = self.torch.as_tensor(np.asarray(positions, np.int64), device=a.device)
+        return a.detach().reshape(-1)[where].cpu().numpy()
+
+    def event(self):
+        return self.cuda.Event(enable_timing=True)
+
+    def elapsed_s(self, start, stop) -> float:
+        stop.synchronize()
+        return start.elapsed_time(stop) / 1e3
+
+    def synchronize(self) -> None:
+        self.cuda.synchronize()
+
+    def _write(self, buffer, value) -> None:
+        buffer.fill_(value)
+
+
+# gpu_timing's hash in int64 arithmetic (torch): a 32-bit product split in 16-bit halves, so no
+# intermediate passes 2**49 and nothing relies on signed overflow.
+_M32, _GOLDEN, _MIX1, _MIX2 = 0xFFFFFFFF, 0x9E3779B1, 0x85EBCA6B, 0xC2B2AE35
+
+
+def _mul32(h, constant: int):
+    """``(h * constant) mod 2**32`` for int64 ``h`` below 2**32."""
+    return (h * (constant & 0xFFFF) + (((h * (constant >> 16)) & 0xFFFF) << 16)) & _M32
+
+
+def _fmix_int64(h):
+    h = h ^ (h >> 16)
+    h = _mul32(h, _MIX1)
+    h = h ^ (h >> 13)
+    h = _mul32(h, _MIX2)
+    return h ^ (h >> 16)
+
+
+def _cuda_driver_version() -> str | None:
+    """The CUDA driver's version (``cuDriverGetVersion``), as ``"major.minor"``; None if unreadable."""
+    try:
+        import ctypes
+
+        found = ctypes.c_int()
+        if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(found)) == 0:
+            return _version(found.value)
+    except OSError:
+        pass
+    return None
+
+
 def _numba_kernels(cuda) -> dict:
     """The numba kernels of :class:`NumbaDevice` (``course._gpu_kernels``): imported on first
     use, so that importing this module does not import numba.cuda (the simulator must be
@@ -251,16 +350,20 @@ def simulated() -> bool:
 
 
 def device(library: str, clock=None, card: DeviceInfo | None = None) -> Device:
-    """The device of ``library`` (``"cupy"`` or ``"numba"``) for this call: the real one on
-    the GPU tier; on the CPU tier (numba's simulator) the same class on the stand-ins of
-    ``course.gpu_stand_in``, with ``clock`` (default: the host's) and ``card``."""
+    """The device of ``library`` (``"cupy"``, ``"numba"`` or ``"torch"``) for this call: the
+    real one on the GPU tier; on the CPU tier (numba's simulator) the same class on the
+    stand-ins of ``course.gpu_stand_in``, with ``clock`` (default: the host's) and ``card``."""
+    if library not in ("cupy", "numba", "torch"):
+        raise ValueError(f"no device for {library!r}: the GPU tier times with 'cupy', 'numba' or 'torch'")
     if not simulated() and clock is None and card is None:
-        return CupyDevice() if library == "cupy" else NumbaDevice()
+        return {"cupy": CupyDevice, "numba": NumbaDevice, "torch": TorchDevice}[library]()
     from course import gpu_stand_in
 
     stand_in = gpu_stand_in.StandIn(clock=clock, card=card)
     if library == "cupy":
         return CupyDevice(stand_in.install_cupy())
+    if library == "torch":
+        return TorchDevice(stand_in.torch_cuda())
     return NumbaDevice(stand_in.numba_cuda())
 
 

@@ -16,6 +16,9 @@ the same code on these stand-ins, at tiny sizes:
 - :func:`StandIn.numba_cuda`: numba's simulator with the calls it lacks
   (``event_elapsed_time``, the device's attributes, the driver's and runtime's
   versions; ``as_cuda_array`` is added to the simulator module itself);
+- :func:`StandIn.torch_cuda`: the ``torch.cuda`` calls the GPU tier times with
+  (``Event``, ``synchronize``, ``current_device``, ``get_device_properties``),
+  for torch's tensors on the CPU;
 - events on an injectable clock (the host's, or a test's) and a small stand-in
   card (:data:`STAND_IN_CARD`), whose record says ``stand_in: true``.
 
@@ -89,6 +92,26 @@ class StandIn:
         self._complete_simulator()
         return _FakeNumbaCuda(self, cuda)
 
+    # -- torch.cuda -----------------------------------------------------------------
+
+    def torch_cuda(self) -> types.SimpleNamespace:
+        """What ``course.gpu_devices.TorchDevice`` calls of ``torch.cuda``, for CPU tensors:
+        this device's events, its card's properties under torch's names."""
+        card = self.card
+        props = types.SimpleNamespace(
+            name=card.name, major=card.compute_capability[0], minor=card.compute_capability[1],
+            multi_processor_count=card.multiprocessors, L2_cache_size=card.l2_bytes, clock_rate=card.sm_clock_max_khz,
+            memory_clock_rate=card.memory_clock_max_khz, memory_bus_width=card.memory_bus_bits,
+            total_memory=1 << 30)
+
+        def properties(device=None):
+            return props
+
+        return types.SimpleNamespace(
+            STAND_IN=self, current_device=lambda: 0, get_device_properties=properties, synchronize=lambda device=None: None,
+            get_device_name=lambda device=None: card.name, is_available=lambda: True,
+            Event=lambda enable_timing=False, blocking=False, interprocess=False: _Event(self.clock))
+
     @staticmethod
     def _complete_simulator() -> None:
         """numba's simulator lacks ``as_cuda_array``: wrap the array's memory, as numba wraps
@@ -117,6 +140,9 @@ class _Event:
 
     def wait(self, stream=None):
         pass
+
+    def elapsed_time(self, end) -> float:  # torch's: milliseconds from this event to ``end``
+        return _elapsed_ms(self, end)
 
 
 def _elapsed_ms(start: _Event, stop: _Event) -> float:

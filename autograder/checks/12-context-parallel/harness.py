@@ -19,6 +19,10 @@ largest tensor whose last dimension is the head dimension: an in-process record,
 for feedback), marks each phase for the launcher's count of what crossed, and emits
 its output and gradients. ``blockwise_memory_rank`` runs one large blockwise attention whose
 peak memory the launcher reads from outside.
+
+``blockwise_vs_sdpa`` (the GPU tier) times the student's blockwise attention and torch's
+through ``course.gpu_timing.bench``: new inputs named by a seed every run, sampled
+outputs back (on the CPU tier, a dry run on the stand-ins).
 """
 from autograder.sandbox import ranks
 
@@ -210,22 +214,34 @@ def blockwise_memory_rank(parts):
 
 # --- the GPU tier ------------------------------------------------------------------------------
 
-def blockwise_vs_sdpa(seq_len, block, batch=1, heads=16, head_dim=64, repeats=10):
-    """{"ours_ms", "sdpa_ms", "max_error", "device"}: the student's blockwise_attention
-    and torch's scaled_dot_product_attention on one GPU, float32, causal."""
+def blockwise_vs_sdpa(seq_len, block, seeds, batch=1, heads=16, head_dim=64, samples=32):
+    """The student's causal ``blockwise_attention`` and torch's ``scaled_dot_product_attention``,
+    float32, each timed with ``course.gpu_timing.bench`` on ``gpu_devices.device("torch")``: for
+    every seed of ``seeds`` new q, k, v named by it (``hashed``: q and k in [-2, 2), v in
+    [-1, 1)), the L2 flushed, CUDA events around the call; each run sends back its output at
+    ``gpu_timing.sample_positions(seed, size, samples)``, which the grader recomputes.
+    On the CPU tier the device is a stand-in (CPU tensors): a dry run."""
     import torch
 
     import context_parallel as student
-    from course.timing import measure
+    from course import gpu_devices, gpu_timing
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    generator = torch.Generator(device="cuda").manual_seed(12)
-    q, k, v = (torch.randn(batch, heads, seq_len, head_dim, device="cuda", generator=generator) for _ in range(3))
-    ours = student.blockwise_attention(q, k, v, block, causal=True)
-    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-    def ms(fn):
-        return measure(fn, repeat=repeats, sync=torch.cuda.synchronize).median * 1e3
+    torch.backends.cuda.matmul.allow_tf32 = False  # FP32, as the check's description says
+    dev = gpu_devices.device("torch")
+    shape = (batch, heads, seq_len, head_dim)
 
-    return {"ours_ms": ms(lambda: student.blockwise_attention(q, k, v, block, causal=True)),
-            "sdpa_ms": ms(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)),
-            "max_error": float((ours - sdpa).abs().max()), "device": torch.cuda.get_device_name()}
+    def inputs(seed):
+        return (dev.hashed(seed, shape, -2.0, 2.0), dev.hashed(seed, shape, -2.0, 2.0, stream=1),
+                dev.hashed(seed, shape, -1.0, 1.0, stream=2))
+
+    def sampled(out, args, seed):
+        return dev.take(out, gpu_timing.sample_positions(seed, out.numel(), samples))
+
+    def ours(q, k, v):
+        return student.blockwise_attention(q, k, v, block, causal=True)
+
+    def sdpa(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    return {"ours": gpu_timing.bench(dev, ours, inputs, sampled, seeds),
+            "sdpa": gpu_timing.bench(dev, sdpa, inputs, sampled, seeds)}

@@ -16,6 +16,9 @@ rest are checks of an answer, closed forms and tables.
   unmasked (query, key) pairs of a set of positions, sum of (i + 1).
 - ``best_balance``: the best placement's busiest rank, by trying every placement
   (the lab's ``balance`` is greedy; this is the exhaustive search it is held to).
+- ``sampled_causal_attention``: the GPU tier's timed runs' outputs at their sampled
+  positions, by ``torch_attention`` of each sampled row against the keys it sees,
+  from the inputs their seed names (``course.gpu_timing.hashed``).
 - The inputs: seeded normal tensors, tensors whose scores are all near ±1e4, and
   position-encoded ones whose attention picks exactly one key per query (see
   ``position_encoded``).
@@ -41,6 +44,35 @@ def torch_attention(q, k, v, causal=False, upstream=None):
         return out.detach().numpy()
     out.backward(torch.tensor(np.ascontiguousarray(upstream), dtype=torch.float64))
     return (out.detach().numpy(), *(t.grad.numpy() for t in tensors))
+
+
+# The ranges of the GPU tier's hashed q, k and v (harness.blockwise_vs_sdpa): (low, high, stream).
+TIMED_INPUTS = {"q": (-2.0, 2.0, 0), "k": (-2.0, 2.0, 1), "v": (-1.0, 1.0, 2)}
+
+
+def sampled_causal_attention(seed, shape, positions):
+    """Causal attention of the float32 q, k, v of ``shape`` ``(b, h, s, d)`` that ``seed`` names
+    (``TIMED_INPUTS``), at the flat output ``positions`` only: each sampled row's query against
+    the keys up to its own, in float64; only those inputs are made."""
+    from course.gpu_timing import hashed
+
+    b, h, s, d = shape
+    positions = np.asarray(positions, np.int64)
+    rows, columns = np.divmod(positions, d)  # a row: (batch, head, query) flattened
+    found = {}
+    for row in np.unique(rows):
+        head_start = (int(row) // s) * s * d
+        query = int(row) % s
+
+        def inputs(name, start, count):
+            low, high, stream = TIMED_INPUTS[name]
+            where = np.arange(start, start + count, dtype=np.int64)
+            return hashed(np, seed, None, low, high, stream=stream, positions=where).astype(np.float64)
+
+        q = inputs("q", int(row) * d, d).reshape(1, d)
+        k, v = (inputs(name, head_start, (query + 1) * d).reshape(query + 1, d) for name in ("k", "v"))
+        found[int(row)] = torch_attention(q, k, v)[0]
+    return np.array([found[int(r)][int(c)] for r, c in zip(rows, columns)])
 
 
 def _array(value, shape, what):
