@@ -1,15 +1,19 @@
 """Lab 12's grader: its checks of a log-sum-exp and of a merge accept the right
 answer (torch's) and refuse wrong ones, its zigzag table is the documented layout
 (the hidden oracle's), the layout facts its checks rely on hold (zigzag balances
-causal work, contiguous chunks do not), and a ring that deadlocks costs its cases
-only, within the timeout, with no process left behind."""
+causal work, contiguous chunks do not), its GPU speed check's recheck of every timed
+run accepts right attention and catches a stale run (on the stand-ins), and a ring
+that deadlocks costs its cases only, within the timeout, with no process left behind."""
+import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from autograder.grading import timed
 from autograder.sandbox import Limits
 from conftest import load_check_file
 
@@ -116,6 +120,30 @@ def test_every_check_case_keeps_the_head_dimension_apart_from_sequence_lengths()
             if "q" in case:
                 assert case["q"].shape[-1] == checks.D and case["q"].shape[-2] // P != checks.D, name
     assert checks.D not in checks.BLOCKS and checks.BLOCKWISE_SHAPE[-2] != checks.D
+
+
+def test_the_speed_checks_timed_runs_are_rechecked_from_their_seeds_alone(monkeypatch):
+    """The harness's timed runs on the stand-ins (course.gpu_stand_in), judged as the check
+    judges them: SDPA's float32 outputs at the sampled positions equal the grader's float64
+    attention of the inputs their seeds name, and a blockwise_attention that hands back its
+    first timed run's output in the third is caught, naming that run."""
+    calls = []
+
+    def blockwise_attention(q, k, v, block, causal=False):
+        calls.append(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal))
+        return calls[1] if len(calls) == 4 else calls[-1]  # the warm-up, then timed runs 1, 2, 3
+
+    monkeypatch.setitem(sys.modules, "context_parallel", types.SimpleNamespace(blockwise_attention=blockwise_attention))
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")  # the CPU tier: gpu_devices.device gives the stand-ins
+    shape = (1, 2, 96, 8)
+    measured = load_check_file(LAB, "harness").blockwise_vs_sdpa(
+        shape[2], 32, timed.draw_seeds(3, 12, "test"), batch=1, heads=shape[1], head_dim=shape[3],
+        samples=checks.SPEED_SAMPLES)
+    recheck = checks._speed_recheck(shape)
+    sdpa = timed.judge(measured["sdpa"], "sdpa", recheck, moved_bytes=1, dry_run=True)
+    assert sdpa.runs == 3 and sdpa.stand_in and measured["sdpa"]["record"]["stand_in"] is True
+    with pytest.raises(AssertionError, match=r"blockwise: the output of timed run 3 of 3 is wrong: at flat position"):
+        timed.judge(measured["ours"], "blockwise", recheck, dry_run=True)
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """The GPU tier's dry run on the CPU tier (`k2c grade --dry-run-gpu`): every GPU-tier check of
-labs 02-04 runs its harness functions, course.gpu_timing and its judge at tiny sizes on the
-stand-ins of course.gpu_stand_in (the kernels in numba's simulator), lab 07's check its training step on
-the CPU with a stand-in for torch.cuda's memory calls (its oracles.py), and each is reported as
+labs 02-04, and lab 12's speed check, runs its harness functions, course.gpu_timing and its judge at tiny
+sizes on the stand-ins of course.gpu_stand_in (the kernels in numba's simulator, lab 12's torch on the
+CPU), lab 07's check its training step on the CPU with a stand-in for torch.cuda's memory calls (its
+oracles.py), and each is reported as
 skipped, awarding nothing; scripts/gpu_table.py makes its table from the dry run's JSON."""
 import json
 import subprocess
@@ -15,7 +16,7 @@ from autograder.grading.runner import grade, list_checks
 from conftest import REPO, k2c, load_check_file
 
 pytestmark = pytest.mark.xdist_group("gpu-dry-run")  # one worker grades the dry run once (a module fixture)
-LABS = ("02-cuda-model", "03-shared-memory", "04-cupy-streams", "07-training-memory")
+LABS = ("02-cuda-model", "03-shared-memory", "04-cupy-streams", "07-training-memory", "12-context-parallel")
 
 
 def gpu_checks(slug) -> set[str]:
@@ -24,7 +25,7 @@ def gpu_checks(slug) -> set[str]:
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
-    """Labs 02-04's and 07's references, their GPU checks only, dry run: (the JSON report, its path,
+    """Labs 02-04's, 07's and 12's references, their GPU checks only, dry run: (the JSON report, its path,
     the process, which printed the text report)."""
     wanted = {slug: gpu_checks(slug) for slug in LABS}
     out = tmp_path_factory.mktemp("dry-run") / "gpu-dry-run.json"
@@ -35,7 +36,7 @@ def dry_run(tmp_path_factory):
     return json.loads(out.read_text()), out, proc, wanted
 
 
-def test_every_gpu_check_of_labs_02_to_04_passes_its_dry_run_and_awards_nothing(dry_run):
+def test_every_gpu_check_of_labs_02_to_04_07_and_12_passes_its_dry_run_and_awards_nothing(dry_run):
     report, _, proc, wanted = dry_run
     assert [lab["lab"] for lab in report["labs"]] == list(LABS)
     assert report["score"] == report["max_score"] == 0
@@ -47,7 +48,7 @@ def test_every_gpu_check_of_labs_02_to_04_passes_its_dry_run_and_awards_nothing(
     timed_checks = [t for lab in report["labs"] for t in lab["tests"] if "record" in t.get("metrics", {})]
     assert {t["name"] for t in timed_checks} == {
         "saxpy_bandwidth", "reduce_speed", "matmul_speed", "histogram_speed", "fused_faster_than_unfused",
-        "pipeline_overlap_speedup", "roofline_measured"}
+        "pipeline_overlap_speedup", "roofline_measured", "blockwise_attention_speed"}
     for t in timed_checks:
         metrics = t["metrics"]
         assert metrics["record"]["stand_in"] is True and metrics["record"]["libraries"]["numba"]
@@ -65,7 +66,7 @@ def test_the_gpu_result_table_is_made_from_a_dry_runs_json(dry_run):
     table = proc.stdout
     assert table.startswith("CPU tier on `solutions/`") and "**A dry run**" in table
     assert "Device: stand-in device (CPU tier dry run: nothing here ran on a GPU) (sm_90" in table
-    rows = [line for line in table.splitlines() if line.startswith("| 0")]
+    rows = [line for line in table.splitlines() if line.startswith(("| 0", "| 12"))]
     assert len(rows) == sum(len(names) for names in wanted.values())
     assert all(f"| skipped: {DRY_RUN_PASSED} | 0/" in row for row in rows)
     saxpy = next(row for row in rows if "saxpy_kernel streams" in row)
@@ -106,7 +107,7 @@ def test_the_spin_kernel_of_lab_04s_pipeline_compiles_with_nvrtc():
 
 
 def test_gpu_checks_without_a_dry_run_stay_skipped_saying_so():
-    """A GPU check that does not take the gpu_dry_run fixture (labs 07 and 12 for now) does not
+    """A GPU check that does not take the gpu_dry_run fixture does not
     know its tiny sizes: a dry run leaves it skipped, and says it has no dry run."""
     from autograder.grading.plugin import GradingPlugin
 

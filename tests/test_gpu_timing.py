@@ -12,7 +12,7 @@ import pytest
 
 from autograder.grading import timed
 from course import gpu_devices, gpu_timing
-from course.gpu_devices import CupyDevice, NumbaDevice
+from course.gpu_devices import CupyDevice, NumbaDevice, TorchDevice
 from course.gpu_stand_in import CUPY_NAMES, STAND_IN_CARD, StandIn
 from course.gpu_timing import bench, hashed, sample_positions
 
@@ -82,6 +82,28 @@ def test_inputs_are_named_by_their_seed_the_same_in_numpy_and_the_numba_kernel()
     assert kernel.min() >= -4 and kernel.max() < 4 and np.unique(kernel).size > 990
     assert not np.array_equal(kernel, hashed(np, 2027, 1000, -4.0, 4.0))
     assert not np.array_equal(kernel, hashed(np, 2026, 1000, -4.0, 4.0, stream=1))
+
+
+def test_torchs_device_names_inputs_as_numpy_does_and_times_on_its_stand_in(clock):
+    """TorchDevice (lab 12's): its hashed tensors equal NumPy's bit for bit, whatever the seed,
+    stream and dtype; its record reads the card's
+    properties under torch's names as CuPy's does; its events time on the stand-in's clock,
+    and bench flushes its L2 (a torch tensor) before every run."""
+    dev = TorchDevice(StandIn(clock, small_card()).torch_cuda())
+    for seed, shape, low, high, stream, dtype in ((2026, 1000, -4.0, 4.0, 0, np.float32),
+                                                  (0xFFFFFFFF, (3, 5, 7), -2.0, 2.0, 2, np.float64)):
+        made = dev.hashed(seed, shape, low, high, dtype, stream)
+        want = hashed(np, seed, shape, low, high, dtype, stream)
+        assert made.device.type == "cpu" and made.numpy().dtype == dtype and np.array_equal(made.numpy(), want)
+    record, cupy_record = dev.record(), CupyDevice(StandIn(clock, small_card()).cupy()).record()
+    fields = ("name", "compute_capability", "multiprocessors", "l2_bytes", "sm_clock_max_khz",
+              "memory_clock_max_khz", "memory_bus_bits", "driver", "runtime", "stand_in", "peak_bandwidth")
+    assert {k: record[k] for k in fields} == {k: cupy_record[k] for k in fields}
+    result = bench(dev, lambda x: (clock.advance(3e-3), x * 2)[1], lambda seed: (dev.hashed(seed, 1000),),
+                   lambda out, args, seed: dev.take(out, sample_positions(seed, 1000)), timed.draw_seeds(2))
+    assert [r["seconds"] for r in result["runs"]] == pytest.approx([3e-3] * 2) and result["flushes"] == 2
+    assert dev._flush.numel() * 4 == 2 * small_card().l2_bytes and int(dev._flush[0]) == dev.flushes
+    assert timed.judge(result, "doubling", doubled, dry_run=True).runs == 2
 
 
 def test_every_timed_run_gets_inputs_of_its_own(clock):
@@ -255,6 +277,8 @@ def test_device_gives_the_stand_ins_on_the_cpu_tier(monkeypatch):
     dev = gpu_devices.device("cupy")
     assert dev.info.stand_in and sys.modules["cupy"] is dev.xp and dev.torch_device == "cpu"
     assert gpu_devices.device("numba").info.name == STAND_IN_CARD.name
+    torch_dev = gpu_devices.device("torch")
+    assert torch_dev.info.stand_in and torch_dev.torch_device == "cpu" and torch_dev.empty(3, np.float32).is_cpu
 
 
 def test_the_numba_kernels_of_the_timing_helper_compile_for_the_gpu_targets():
