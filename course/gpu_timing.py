@@ -29,8 +29,8 @@ honest time is never refused).
 **The split between the sandbox and the grader.** This module runs beside
 the student's code and never knows an answer. Inputs are *named by their seed*:
 :func:`hashed` fills an array from ``(seed, index)`` with an integer hash, and
-gives bit-for-bit the same numbers in NumPy, in CuPy and in the numba kernel
-of ``gpu_devices.NumbaDevice.hashed``, so the grader can compute any input element
+gives bit-for-bit the same numbers in NumPy, in CuPy, in the numba kernel
+of ``gpu_devices.NumbaDevice.hashed`` and in torch (``TorchDevice.hashed``), so the grader can compute any input element
 itself, without the inputs crossing the sandbox. For each timed run the
 harness returns a *sample* of the output: the values at :func:`sample_positions`
 (the first and last element and ``SAMPLES`` more, drawn from the run's seed),
@@ -47,11 +47,11 @@ anything of the harness's: this keeps out stale answers, skipped runs and
 work done outside the timed window, not code written to defeat the harness
 (the flags for the instructor are for that).
 
-**Devices.** ``course.gpu_devices`` wraps the two libraries the labs launch
-with (CuPy, numba.cuda) in the operations ``bench`` needs; on the CPU tier its
-``device()`` builds them on the stand-ins of ``course.gpu_stand_in`` (a CuPy
-made of NumPy, numba's simulator, events on the host clock, a small stand-in
-card), so that every line above runs before a GPU does; their record says
+**Devices.** ``course.gpu_devices`` wraps the three libraries the labs launch
+with (CuPy, numba.cuda, torch) in the operations ``bench`` needs; on the CPU
+tier its ``device()`` builds them on the stand-ins of ``course.gpu_stand_in`` (a
+CuPy made of NumPy, numba's simulator, torch's CPU tensors, events on the host
+clock, a small stand-in card), so that every line above runs before a GPU does; their record says
 ``stand_in: true`` and the grader awards nothing for it. This module imports
 only NumPy: the grader imports it for the floors, the seeds and the inputs of
 its oracles.

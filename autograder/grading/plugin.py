@@ -60,8 +60,8 @@ class GradingPlugin:
     """``dry_run_gpu`` (CPU tier only): the ``gpu`` checks that take the ``gpu_dry_run``
     fixture run instead of being skipped, at tiny sizes on the stand-ins of
     ``course.gpu_stand_in`` (the fixture is True), and are reported as skipped, saying
-    whether the dry run passed: never passed, never a point. Other ``gpu`` checks (labs
-    07 and 12 for now) stay skipped, saying they have no dry run."""
+    whether the dry run passed: never passed, never a point. Other ``gpu`` checks (those
+    that do not take the fixture) stay skipped, saying they have no dry run."""
 
     def __init__(self, submission: Submission, tier: str, missing: str | None = None, on_result=None,
                  seed: int = 0, dry_run_gpu: bool = False):
