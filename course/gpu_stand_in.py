@@ -108,7 +108,8 @@ class StandIn:
             return props
 
         return types.SimpleNamespace(
-            STAND_IN=self, current_device=lambda: 0, get_device_properties=properties, synchronize=lambda device=None: None,
+            STAND_IN=self, current_device=lambda: 0, get_device_properties=properties,
+            synchronize=lambda device=None: None,
             get_device_name=lambda device=None: card.name, is_available=lambda: True,
             Event=lambda enable_timing=False, blocking=False, interprocess=False: _Event(self.clock))
 
