@@ -31,7 +31,7 @@ class Device:
     arrays (``xp``, ``empty``, ``hashed``, ``take``, ``to_host``), timing (``event``,
     ``elapsed_s``, ``synchronize``, ``host_clock``, ``flush_l2``) and the ``record``."""
 
-    xp = None  # the array module (CuPy or its stand-in); None for numba
+    xp = None  # the array module (CuPy or its stand-in, torch); None for numba
     torch_device = "cuda"  # where torch puts the tensors that share this device's memory
     clock = staticmethod(time.perf_counter)
 
