@@ -273,15 +273,19 @@ def experiments(runs, memory_runs, matmul_shape, sizes, passes=3):
          "runs": [{"losses", "step_time_s"} of run_plan(plan, model) for each of runs],
          "memory": [held_bytes(plan, model) for each of memory_runs]}
 
-    Every run goes ``passes`` times, one pass over all of them after another, and keeps its
-    fastest step time: other work on the machine only ever adds time, and a burst of it then
-    slows one pass of a run, not the run's number (nor the order of two runs)."""
+    Each pass measures everything once, the calibration (matmul, all-reduces) and then every
+    run, and each number keeps its best pass: other work on the machine only ever adds time,
+    and passing through the same moments of load, calibration and runs see it alike. A burst
+    of load then slows one pass, not a run's number, nor the order of two runs."""
     world = dist.get_world_size()
-    result = {"flops": matmul_flops(matmul_shape), "allreduce": {}}
-    result["allreduce"][world] = allreduce_times([list(range(world))], sizes)
-    result["allreduce"][2] = allreduce_times([list(range(i, i + 2)) for i in range(0, world, 2)], sizes)
-    result["runs"] = [{"losses": None, "step_time_s": math.inf} for _ in runs]
+    groups = {world: [list(range(world))], 2: [list(range(i, i + 2)) for i in range(0, world, 2)]}
+    result = {"flops": 0.0, "allreduce": {t: {} for t in groups},
+              "runs": [{"losses": None, "step_time_s": math.inf} for _ in runs]}
     for _ in range(passes):
+        result["flops"] = max(result["flops"], matmul_flops(matmul_shape))
+        for t, ranks in groups.items():
+            for nbytes, seconds in allreduce_times(ranks, sizes).items():
+                result["allreduce"][t][nbytes] = min(result["allreduce"][t].get(nbytes, math.inf), seconds)
         for kept, (plan, model) in zip(result["runs"], runs):
             out = hybrid.run_plan(plan, model)
             kept["losses"] = kept["losses"] or out["losses"]
