@@ -216,7 +216,7 @@ def blockwise_memory_rank(parts):
 
 def blockwise_vs_sdpa(seq_len, block, seeds, batch=1, heads=16, head_dim=64, samples=32):
     """The student's causal ``blockwise_attention`` and torch's ``scaled_dot_product_attention``,
-    float32, each timed with ``course.gpu_timing.bench`` on ``gpu_devices.device("torch")``: for
+    float32, each timed with ``course.gpu_timing.bench`` on ``torch_device.device()``: for
     every seed of ``seeds`` new q, k, v named by it (``hashed``: q and k in [-2, 2), v in
     [-1, 1)), the L2 flushed, CUDA events around the call; each run sends back its output at
     ``gpu_timing.sample_positions(seed, size, samples)``, which the grader recomputes.
@@ -224,10 +224,10 @@ def blockwise_vs_sdpa(seq_len, block, seeds, batch=1, heads=16, head_dim=64, sam
     import torch
 
     import context_parallel as student
-    from course import gpu_devices, gpu_timing
+    from course import gpu_timing, torch_device
 
     torch.backends.cuda.matmul.allow_tf32 = False  # FP32, as the check's description says
-    dev = gpu_devices.device("torch")
+    dev = torch_device.device()
     shape = (batch, heads, seq_len, head_dim)
 
     def inputs(seed):
