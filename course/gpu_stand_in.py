@@ -95,7 +95,7 @@ class StandIn:
     # -- torch.cuda -----------------------------------------------------------------
 
     def torch_cuda(self) -> types.SimpleNamespace:
-        """What ``course.gpu_devices.TorchDevice`` calls of ``torch.cuda``, for CPU tensors:
+        """What ``course.torch_device.TorchDevice`` calls of ``torch.cuda``, for CPU tensors:
         this device's events, its card's properties under torch's names."""
         card = self.card
         props = types.SimpleNamespace(

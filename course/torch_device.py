@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from course.gpu_device_base import Device, _nvml_clocks, _version, simulated
+from course import gpu_timing
 from course.gpu_timing import DeviceInfo, _fmix, _key
 
 
@@ -82,7 +83,7 @@ class TorchDevice(Device):
 
 # gpu_timing's hash in int64 arithmetic (torch): a 32-bit product split in 16-bit halves, so no
 # intermediate passes 2**49 and nothing relies on signed overflow.
-_M32, _GOLDEN, _MIX1, _MIX2 = 0xFFFFFFFF, 0x9E3779B1, 0x85EBCA6B, 0xC2B2AE35
+_M32, _GOLDEN, _MIX1, _MIX2 = (int(c) for c in (gpu_timing._M32, gpu_timing._GOLDEN, gpu_timing._MIX1, gpu_timing._MIX2))
 
 
 def _mul32(h, constant: int):
