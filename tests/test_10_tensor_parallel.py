@@ -368,14 +368,21 @@ def test_the_memory_check_reads_each_ranks_peak_from_outside():
     mib, output = 2**20, np.arange(4.0)
     big = {"want": [{"output": output}] * 4, "shard_bytes": 64 * mib, "full_weight_bytes": 128 * mib}
 
-    def graded(peak_mib):
+    def graded(peak_mib, fresh=True):
+        # The launcher's readings, [VmRSS, VmHWM], at the marks around the large MLP's pass.
+        memory = {"memory:start": [[300 * mib, 300 * mib]] * 4,
+                  "memory:done": [[300 * mib, (300 + p) * mib] for p in peak_mib]}
         job = RankJob("torch", 4, "ok", outputs=[[{"case": "memory", "status": "ok", "output": output}]] * 4,
-                      peak_bytes=[(300 + p) * mib for p in peak_mib], baseline_bytes=[300 * mib] * 4)
+                      memory=memory, fresh_peaks={"memory:start"} if fresh else set())
         jobs = {**_jobs(cases, outcomes), "memory_job": (big, job)}
         metrics = {}
         checks.check_no_rank_holds_a_full_weight(_FakeSubmission(jobs), seed=0, metrics=metrics)
         return metrics
 
-    assert graded([95, 94, 94, 94])["peak_mib"] == [95, 94, 94, 94]
-    with pytest.raises(AssertionError, match=r"rank 2: held 223 MiB beyond its inputs .* full weight matrix 128 MiB"):
-        graded([95, 94, 223, 94])
+    assert graded([65, 65, 66, 65])["peak_mib"] == [65, 65, 66, 65]
+    with pytest.raises(AssertionError, match=r"rank 2: its memory rose by 160 MiB .* full weight matrix 128 MiB"):
+        graded([65, 65, 160, 65])
+    # Where the peaks could not start afresh, a high one may be the small pass's: no verdict.
+    assert graded([65, 65, 66, 65], fresh=False)["peak_mib"] == [65, 65, 66, 65]
+    with pytest.raises(pytest.skip.Exception, match="rank 2's peak, 160 MiB, may be an earlier pass's"):
+        graded([65, 65, 160, 65], fresh=False)

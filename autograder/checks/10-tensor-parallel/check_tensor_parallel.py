@@ -22,9 +22,9 @@ concatenation over ranks exists only if the ranks communicate.
   Each counts only with the right values (``with_the_work``): the output and the input's
   gradient, which the passes' communication decides; collectives on zeros earn nothing.
 - Memory: one large ``ParallelMLP(2048, 8192)`` on 4 ranks (full float64 weights of
-  128 MiB, 32 MiB per rank) is built and runs a forward pass; the launcher reads each
-  rank's peak memory from outside, which must stay below the rank's own slices plus
-  three quarters of a full weight (measured margins: ``MEMORY_MEASURED``). At the small
+  128 MiB, 32 MiB per rank) is built and runs a forward pass, after a small one; the
+  launcher reads how far each rank's memory rises in it, from outside, which must stay
+  below the rank's own slices plus half a full weight (measured margins: ``MEMORY_MEASURED``). At the small
   sizes, in-process records name a tensor as large as a full weight (held by a module,
   saved for backward, made by the vocabulary pair). Credited only with the right values.
 
@@ -34,6 +34,7 @@ checks; the memory case in one more. Both tiers grade the same way (gloo).
 import pytest
 
 from autograder.grading.checking import expect_array, load_beside, with_the_work
+from autograder.grading.rank_jobs import peak_in_phase
 from autograder.grading.submission import failure_from
 from autograder.grading.traffic import expect_crossed, expect_sent_by_rank
 from course.wire import gloo_bytes, gloo_messages
@@ -265,17 +266,20 @@ LAYERS = {"column": "ColumnParallelLinear", "row": "RowParallelLinear", "mlp": "
           "layer_tp": "ParallelTransformerLayer", "layer_sp": "ParallelTransformerLayer(sequence_parallel=True)",
           "embedding": "VocabParallelEmbedding"}
 BIG = f"ParallelMLP({oracles.BIG_HIDDEN}, {oracles.BIG_FFN}) on {oracles.BIG_T} ranks"
-# MEMORY_MEASURED: peak memory beyond the inputs, each rank, building the module and a forward pass of 4
-# tokens (2 cores, torch 2.13 CPU, MiB): its own slices take 64, a full weight 128; the limit is 64 + 96 = 160.
-# The reference and the three alternatives (tests/fixtures/alternative_10.py) 94-96 (gloo's and MKL's
-# buffers ~31); an initialiser that makes a shard-sized temporary (randn * scale) 114-116; a full weight
-# made and sliced at init, then dropped 211-212; the full master weight kept 222-224; the weight
-# all-gathered in forward 340-344.
+# MEMORY_MEASURED: how far each rank's memory rises above what it held as the pass began (the launcher
+# starts its high-water mark afresh there), building the module and a forward pass of 4 tokens, after a
+# small MLP's pass has allocated what any first pass allocates (gloo's and MKL's buffers: ~31 MiB, and
+# more on some machines). 2 cores, torch 2.13 CPU, MiB: its own slices take 64, a full weight 128; the
+# limit is 64 + 64 = 128. The reference 65; an initialiser that makes a shard-sized temporary
+# (randn * scale) 96; a full weight made and sliced at init, then dropped 160; the full master weight
+# kept 193; the weight all-gathered in forward 320.
 
 
-def _held_beyond_inputs(submission, seed):
-    """Each rank's peak memory above what it held once it had its inputs (the launcher's reading
-    of VmHWM), for a forward pass whose output must also be right."""
+def _peak_of_the_large_pass(submission, seed):
+    """(case, each rank's peak memory above what it held as the large MLP's build and forward
+    pass began, whether that peak is the pass's own): the launcher's readings of VmHWM, started
+    afresh after a small MLP's pass (``harness.memory_rank``), whose output must also be right.
+    The peak is None where this machine gives no reading."""
     case, job = oracles.run_memory(submission, seed)
     if job.status != "ok":
         raise failure_from({"status": job.status, "message": job.explain()}, BIG)
@@ -287,7 +291,10 @@ def _held_beyond_inputs(submission, seed):
             raise failure_from(record, BIG)
         for label, expected in want.items():
             expect_array(record.get(label), expected, f"{BIG}, rank {rank}: {label}", rtol=RTOL, atol=ATOL)
-    return case, [peak - base for peak, base in zip(job.peak_bytes, job.baseline_bytes)]
+    found = peak_in_phase(job, "memory:start", "memory:done")
+    if found is None or None in found[0]:
+        return case, None, False
+    return case, *found
 
 
 @pytest.mark.points(2)
@@ -296,20 +303,28 @@ def check_no_rank_holds_a_full_weight(submission, seed, metrics):
     for name, what in LAYERS.items():
         with_the_work(f"the memory audit of {what}", lambda: _expect_dense(submission, seed, name, what))
     measured = []
-    with_the_work(f"the peak memory of {BIG}", lambda: measured.extend(_held_beyond_inputs(submission, seed)))
-    case, held = measured
-    own, full = case["shard_bytes"], case["full_weight_bytes"]
-    limit = own + full * 3 // 4  # see MEMORY_MEASURED
-    metrics.update(peak_mib=[round(h / 2**20, 1) for h in held], limit_mib=limit / 2**20)
+    with_the_work(f"the peak memory of {BIG}", lambda: measured.extend(_peak_of_the_large_pass(submission, seed)))
+    case, peaks, own = measured
+    own_bytes, full = case["shard_bytes"], case["full_weight_bytes"]
+    limit = own_bytes + full // 2  # see MEMORY_MEASURED
+    if peaks is not None:
+        metrics.update(peak_mib=[round(p / 2**20, 1) for p in peaks], limit_mib=limit / 2**20)
     for name, what in LAYERS.items():  # the in-process records at small sizes name the tensor
         for t, (small, outcome) in _case(submission, seed, name).items():
             for rank, record in enumerate(outcome["records"]):
                 _expect_no_full_weight(what, t, rank, record, small["limit"])
-    for rank, bytes_held in enumerate(held):
-        assert bytes_held < limit, (
-            f"{BIG}, rank {rank}: held {bytes_held / 2**20:.0f} MiB beyond its inputs at its peak (the kernel's count "
-            f"of its memory, building the module and a forward pass); its own slices take {own / 2**20:.0f} MiB, a "
-            f"full weight matrix {full / 2**20:.0f} MiB: keep only this rank's shard, and never gather the weights")
+    if peaks is None:
+        pytest.skip("this machine gives the launcher no reading of a process's memory (/proc/PID/status)")
+    for rank, peak in enumerate(peaks):
+        if peak >= limit and not own:  # a peak that may be the small pass's: no verdict either way
+            pytest.skip(f"the launcher could not start the ranks' peak memory afresh here (it may not write their "
+                        f"/proc/PID/clear_refs), and rank {rank}'s peak, {peak / 2**20:.0f} MiB, may be an earlier "
+                        "pass's")
+        assert peak < limit, (
+            f"{BIG}, rank {rank}: its memory rose by {peak / 2**20:.0f} MiB building the module and running a "
+            f"forward pass (the kernel's count of its memory, after a small MLP's pass); its own slices take "
+            f"{own_bytes / 2**20:.0f} MiB, a full weight matrix {full / 2**20:.0f} MiB: keep only this rank's "
+            "shard, and never gather the weights")
 
 
 def _expect_no_full_weight(what, t, rank, record, limit):

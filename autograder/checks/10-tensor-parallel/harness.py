@@ -23,8 +23,8 @@ broadcast) and records ``(kind, elements, phase)`` for every call made in a pass
 ``course.torch_audit.OpLog`` sees every operator the passes run: the largest tensor
 any of them makes, and the collectives as torch's process group sees them.
 
-``memory_rank`` builds one large ``ParallelMLP``, loads its slices and runs a forward
-pass with nothing recorded, for the peak memory the launcher reads from outside.
+``memory_rank`` builds a small and then a large ``ParallelMLP``, loads its slices and runs a
+forward pass with nothing recorded, for the peak memory the launcher reads from outside.
 
 A stub (``NotImplementedError``) and a parameter of the wrong shape are emitted per
 case on every rank alike; any other error ends the job, and the grader runs the cases
@@ -370,21 +370,25 @@ def cases_rank(parts):
 
 
 def memory_rank(parts):
-    """One large module case, a forward pass with autograd on and nothing recorded: the
-    launcher reads this rank's peak memory from outside. Emits the output."""
+    """Module cases in turn (a small one, then a large one), each a forward pass with autograd
+    on and nothing recorded, between a mark that starts this rank's peak memory afresh and one
+    at which the launcher reads it from outside. Emits each output."""
     import torch
 
     import tensor_parallel as student
 
     torch.set_default_dtype(torch.float64)
-    part = parts[0]
-    try:
-        mod = _build(student, part["build"])
-        for label, path, array, expected in part["shards"]:
-            load(mod, label, path, array, expected)
-        record = {"status": "ok", "output": _np(mod(_tensor(part["x"])))}
-    except NotImplementedError as exc:
-        record = {"status": "not_implemented", "message": str(exc)}
-    except LoadError as exc:
-        record = {"status": "wrong_shape", "message": str(exc)}
-    ranks.emit({"case": part["case"], **record})
+    for part in parts:
+        ranks.mark(f"{part['case']}:start", fresh_peak=True)
+        try:
+            mod = _build(student, part["build"])
+            for label, path, array, expected in part["shards"]:
+                load(mod, label, path, array, expected)
+            record = {"status": "ok", "output": _np(mod(_tensor(part["x"])))}
+        except NotImplementedError as exc:
+            record = {"status": "not_implemented", "message": str(exc)}
+        except LoadError as exc:
+            record = {"status": "wrong_shape", "message": str(exc)}
+        mod = None
+        ranks.mark(f"{part['case']}:done")
+        ranks.emit({"case": part["case"], **record})

@@ -20,7 +20,7 @@ The layouts are the module docstring's (``ColumnParallelLinear.weight`` rows
 ``r*out/t ..``, ``RowParallelLinear.weight`` columns ``r*in/t ..`` and its bias whole,
 q, k and v by heads out of ``in_proj_weight``, vocabulary rows ``r*vocab/t ..``).
 ``memory_case(seed)`` is one large ``ParallelMLP`` on 4 ranks whose weights dwarf what
-the runtime holds, for the peak memory the launcher reads from outside.
+the runtime holds, for the peak memory the launcher reads from outside (after a small one).
 """
 
 from dataclasses import dataclass
@@ -38,6 +38,9 @@ OPERATOR_ROWS = 2  # the sequence operators' shard: [2, 3, 5]; f and g move [4, 
 # The memory case: ParallelMLP(2048, 8192) on 4 ranks, 4 tokens. Each full weight is 128 MiB of
 # float64 and a rank's shard 32 MiB; activations are a few KiB (measured peaks: check file).
 BIG_HIDDEN, BIG_FFN, BIG_SEQ, BIG_BATCH, BIG_T = 2048, 8192, 4, 1, 4
+# A small MLP runs first in the same job (full weights of 2 MiB): what any first forward pass
+# allocates (gloo's and MKL's buffers) is in the peak before the large one starts.
+WARM_UP_HIDDEN, WARM_UP_FFN = 256, 1024
 
 OPERATORS = {"op_f": "copy_to_tensor_parallel_region", "op_g": "reduce_from_tensor_parallel_region",
              "op_gather": "gather_from_sequence_parallel_region",
@@ -339,14 +342,14 @@ def _case(name, t, seed):
     return {**case, "activation": SEQ * BATCH * HIDDEN}
 
 
-def memory_case(seed: int) -> dict:
-    """ParallelMLP(BIG_HIDDEN, BIG_FFN) on BIG_T ranks, a forward pass: each rank's shards and
+def memory_case(seed: int, hidden=BIG_HIDDEN, ffn=BIG_FFN, name="memory") -> dict:
+    """ParallelMLP(hidden, ffn) on BIG_T ranks, a forward pass: each rank's shards and
     tokens, and its output."""
     with torch_on_one_thread():
-        dense = _dense("mlp", BIG_T, _generator(seed, "memory"), hidden=BIG_HIDDEN, ffn=BIG_FFN, seq=BIG_SEQ,
+        dense = _dense("mlp", BIG_T, _generator(seed, name), hidden=hidden, ffn=ffn, seq=BIG_SEQ,
                        batch=BIG_BATCH)
         case = module_case(dense, BIG_T, gradients=False)
-    case["full_weight_bytes"] = 8 * BIG_HIDDEN * BIG_FFN
+    case["full_weight_bytes"] = 8 * hidden * ffn
     case["shard_bytes"] = sum(shard[2].nbytes for shard in case["parts"][0]["shards"])
     return case
 
@@ -377,11 +380,14 @@ def run(submission, seed: int, t: int):
 
 
 def run_memory(submission, seed: int):
-    """(case, job) of the large MLP's forward pass in a rank job of its own (``harness.memory_rank``),
-    once per grading: the job holds each rank's peak memory as the launcher read it."""
+    """(case, job) of a small MLP's forward pass and then the large one's in a rank job of its
+    own (``harness.memory_rank``), once per grading: the job holds each rank's peak memory as the
+    launcher read it at the mark after each ("warm-up:done", "memory:done")."""
     def job():
+        warm_up = memory_case(seed, WARM_UP_HIDDEN, WARM_UP_FFN, "warm-up")
         case = memory_case(seed)
-        parts = [[{"case": "memory", **part}] for part in case["parts"]]
+        parts = [[{"case": "warm-up", **small}, {"case": "memory", **large}]
+                 for small, large in zip(warm_up["parts"], case["parts"])]
         return case, submission.rank_job("torch", "memory_rank", parts, timeout=MEMORY_TIMEOUT_S,
                                          idle_timeout=IDLE_TIMEOUT_S)
     return submission.once("memory_job", job)
