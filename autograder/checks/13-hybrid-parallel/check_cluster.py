@@ -1,17 +1,18 @@
 """Checks for lab 13's cluster module: ``rank_from_env`` and ``make_sbatch``.
 
 Every query goes to the student's code in one sandboxed call
-(``harness_cluster.cluster_answers``); every expected value is built here.
+(``harness_cluster.cluster_answers``); every expected value is built in the grader's
+process (the cases: ``cluster_cases.py``).
 
-- ``rank_from_env`` on fake environments written here the way srun and
+- ``rank_from_env`` on fake environments written the way srun and
   torchrun set them: one node; two and three nodes, with as many and with
   different numbers of tasks per node (3 + 2: a ``SLURM_LOCALID`` read as the
   global rank gives two ranks 0); torchrun's processes under srun, whose
   ``SLURM_*`` variables describe the launcher (torchrun's must win, and its
   node is ``GROUP_RANK`` even where SLURM numbers that node differently);
   environments that must raise ``ValueError``.
-- ``make_sbatch``: the script's ``#SBATCH`` lines, read by this file's parser
-  as sbatch reads them (only before the first command; ``--opt=value``,
+- ``make_sbatch``: the script's ``#SBATCH`` lines, read as sbatch reads them
+  (``sbatch_reading.py``: only before the first command; ``--opt=value``,
   ``--opt value``, ``-N2``); ``bash -n``; and a run of the script by bash with
   fake ``scontrol``, ``srun``, ``torchrun`` and ``mpiexec`` that record their
   arguments (see harness_cluster.py), from which the launch is read: srun's
@@ -26,183 +27,23 @@ from pathlib import Path
 
 import pytest
 
+from autograder.grading.checking import load_beside
 from autograder.grading.submission import not_implemented_yet
 
-
-
-# --- fake environments ---------------------------------------------------------------------------
-
-BASE = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/home/student", "USER": "student"}
-
-
-def srun_env(hosts, counts, rank, nodelist, job_id="7001"):
-    """What srun sets for task ``rank`` of a step with ``counts[i]`` tasks on ``hosts[i]`` (block order)."""
-    firsts = [sum(counts[:i]) for i in range(len(counts))]
-    node = max(i for i, first in enumerate(firsts) if first <= rank)
-    total = sum(counts)
-    tasks_per_node = ",".join(str(c) for c in counts)
-    return dict(BASE, SLURM_JOB_ID=job_id, SLURM_JOBID=job_id, SLURM_STEP_ID="0",
-                SLURM_JOB_NODELIST=nodelist, SLURM_NODELIST=nodelist, SLURM_STEP_NODELIST=nodelist,
-                SLURM_JOB_NUM_NODES=str(len(hosts)), SLURM_NNODES=str(len(hosts)),
-                SLURM_STEP_NUM_NODES=str(len(hosts)), SLURM_NTASKS=str(total), SLURM_NPROCS=str(total),
-                SLURM_STEP_NUM_TASKS=str(total), SLURM_TASKS_PER_NODE=tasks_per_node,
-                SLURM_STEP_TASKS_PER_NODE=tasks_per_node, SLURMD_NODENAME=hosts[node],
-                SLURM_TOPOLOGY_ADDR=hosts[node], SLURM_CPUS_ON_NODE="8",
-                SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank - firsts[node]), SLURM_NODEID=str(node),
-                SLURM_GTIDS=",".join(str(firsts[node] + i) for i in range(counts[node])))
-
-
-def expected(rank, local_rank, world_size, node, nodes, launcher):
-    return {"rank": rank, "local_rank": local_rank, "world_size": world_size, "node": node, "nodes": nodes,
-            "launcher": launcher}
-
-
-def slurm_cases(label, hosts, counts, nodelist):
-    cases = []
-    for rank in range(sum(counts)):
-        env = srun_env(hosts, counts, rank, nodelist)
-        node = int(env["SLURM_NODEID"])
-        cases.append((f"{label}, task {rank} (on {hosts[node]})", env,
-                      expected(rank, int(env["SLURM_LOCALID"]), sum(counts), node, len(hosts), "slurm")))
-    return cases
-
-
-ONE_NODE = slurm_cases("srun --ntasks=4 on 1 node", ["cn017"], [4], "cn017")
-ACROSS_NODES = (slurm_cases("srun --ntasks=5 on 2 nodes (3 + 2 tasks)", ["gpu07", "gpu08"], [3, 2], "gpu[07-08]")
-                + slurm_cases("srun --ntasks-per-node=4 on 2 nodes", ["gpu07", "gpu08"], [4, 4], "gpu[07-08]")
-                + slurm_cases("srun --ntasks=4 on 3 nodes (1 + 2 + 1 tasks)", ["a-ib3", "a-ib4", "b1"], [1, 2, 1],
-                              "a-ib[3-4],b1"))
-
-
-def torchrun_env(slurm_node, group_rank, local_rank, procs, nodes, hosts, nodelist):
-    """A process torchrun started under ``srun --ntasks-per-node=1`` (one launcher per node): SLURM's
-    variables are the launcher task's; torchrun's rendezvous numbered this node ``group_rank``."""
-    env = srun_env(hosts, [1] * nodes, slurm_node, nodelist) if hosts else dict(BASE)
-    rank = group_rank * procs + local_rank
-    env.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(procs * nodes),
-               LOCAL_WORLD_SIZE=str(procs), GROUP_RANK=str(group_rank), GROUP_WORLD_SIZE=str(nodes),
-               ROLE_RANK=str(rank), ROLE_NAME="default", ROLE_WORLD_SIZE=str(procs * nodes),
-               MASTER_ADDR=hosts[0] if hosts else "127.0.0.1", MASTER_PORT="29500",
-               TORCHELASTIC_RUN_ID="7001", TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0",
-               OMP_NUM_THREADS="1")
-    return env, expected(rank, local_rank, procs * nodes, group_rank, nodes, "torchrun")
-
-
-def torchrun_cases():
-    cases = []
-    hosts, nodelist = ["gpu07", "gpu08"], "gpu[07-08]"
-    for slurm_node in range(2):
-        group_rank = 1 - slurm_node  # the rendezvous numbered the nodes the other way round
-        for local in range(2):
-            env, want = torchrun_env(slurm_node, group_rank, local, 2, 2, hosts, nodelist)
-            cases.append((f"torchrun --nproc-per-node 2 under srun on 2 nodes: SLURM node {slurm_node} "
-                          f"(GROUP_RANK {group_rank}), LOCAL_RANK {local}", env, want))
-    for local in range(3):
-        env, want = torchrun_env(0, 0, local, 3, 1, None, None)
-        cases.append((f"torchrun --standalone --nproc-per-node 3, no SLURM: LOCAL_RANK {local}", env, want))
-    return cases
-
-
-TORCHRUN = torchrun_cases()
-
-
-def _without(env, *names):
-    return {k: v for k, v in env.items() if k not in names}
-
-
-TASK = srun_env(["gpu07", "gpu08"], [3, 2], 4, "gpu[07-08]")
-PROCESS = torchrun_env(1, 1, 0, 2, 2, ["gpu07", "gpu08"], "gpu[07-08]")[0]
-ENV_ERRORS = [  # (what it is, environment, a word the message must contain or None)
-    ("an empty environment", {}, None),
-    ("a shell inside an allocation, not a task (SLURM_JOB_ID, no SLURM_PROCID)",
-     dict(BASE, SLURM_JOB_ID="7001", SLURM_JOB_NODELIST="gpu[07-08]", SLURM_NNODES="2"), None),
-    ("an srun task without SLURM_NTASKS", _without(TASK, "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_STEP_NUM_TASKS"),
-     "SLURM_NTASKS"),
-    ("an srun task without SLURM_NODEID", _without(TASK, "SLURM_NODEID"), "SLURM_NODEID"),
-    ("a torchrun process without WORLD_SIZE", _without(PROCESS, "WORLD_SIZE"), "WORLD_SIZE"),
-    ("SLURM_PROCID='x'", dict(TASK, SLURM_PROCID="x"), "SLURM_PROCID"),
-    ("RANK='1.5'", dict(PROCESS, RANK="1.5"), "RANK"),
-    ("SLURM_PROCID=5 with SLURM_NTASKS=5", dict(TASK, SLURM_PROCID="5"), None),
-]
-
-
-# --- jobs -------------------------------------------------------------------------------------------
-
-def fake(name, hosts, nodelist, job_id):
-    return {"name": name, "hosts": hosts, "nodelist": nodelist, "job_id": job_id}
-
-
-TRICKY_WORDS = ["--note", "two words $HOME", "it's", "*"]  # one word each, as they are
-SBATCH_CASES = [  # (what it is, job, the fake allocation)
-    ("torch on 2 nodes x 4 GPUs",
-     {"name": "gpt-2x4", "nodes": 2, "kind": "torch", "gpus_per_node": 4, "procs_per_node": 4,
-      "time": "01:30:00", "partition": "gpu", "output": "logs/%x-%j.out",
-      "command": ["train.py", "--steps", "100"] + TRICKY_WORDS},
-     fake("gpt-2x4", ["gpu07", "gpu08"], "gpu[07-08]", "4242")),
-    ("torch on 3 nodes x 2 processes, port 29611, torchrun at a path",
-     {"name": "tiny", "nodes": 3, "kind": "torch", "procs_per_node": 2, "port": 29611,
-      "torchrun": "/opt/venv/bin/torchrun", "command": ["entry.py", "out.json"]},
-     fake("tiny", ["a-ib3", "a-ib4", "b1"], "a-ib[3-4],b1", "99")),
-    ("torch on 1 node x 4 processes, overcommitted, default time",
-     {"name": "local", "nodes": 1, "kind": "torch", "procs_per_node": 4, "overcommit": True,
-      "command": ["entry.py"]},
-     fake("local", ["localhost"], "localhost", "17")),
-    ("mpi, srun, 1 node x 4 ranks, overcommitted",
-     {"name": "heat", "nodes": 1, "kind": "mpi", "tasks_per_node": 4, "overcommit": True, "time": "5",
-      "command": ["python", "heat.py"] + TRICKY_WORDS},
-     fake("heat", ["localhost"], "localhost", "18")),
-    ("mpi, srun --mpi=pmi2, 2 nodes x 3 ranks",
-     {"name": "ring", "nodes": 2, "kind": "mpi", "tasks_per_node": 3, "launcher": "srun", "srun_mpi": "pmi2",
-      "partition": "cpu", "time": "0-00:20:00", "command": ["./ring", "--size", "1024"]},
-     fake("ring", ["cn1", "cn2"], "cn[1-2]", "5")),
-    ("mpi, mpiexec at a path with a space, 2 nodes x 2 ranks",
-     {"name": "coll", "nodes": 2, "kind": "mpi", "tasks_per_node": 2, "launcher": "mpiexec",
-      "mpiexec": "@FAKES@/mpich 4.1/bin/mpiexec", "output": "coll.out", "command": ["python", "coll.py"]},
-     fake("coll", ["cn1", "cn2"], "cn[1-2]", "6")),
-]
-TORCH_CASES = [case for case in SBATCH_CASES if case[1]["kind"] == "torch"]
-MPI_CASES = [case for case in SBATCH_CASES if case[1]["kind"] == "mpi"]
-
-GOOD_TORCH = {"name": "t", "nodes": 2, "kind": "torch", "procs_per_node": 4, "command": ["train.py"]}
-GOOD_MPI = {"name": "m", "nodes": 2, "kind": "mpi", "tasks_per_node": 2, "command": ["python", "x.py"]}
-JOB_ERRORS = [  # (what it is, job, a word the message must contain)
-    ("no 'command'", _without(GOOD_TORCH, "command"), "command"),
-    ("no 'nodes'", _without(GOOD_MPI, "nodes"), "nodes"),
-    ("nodes=0", dict(GOOD_TORCH, nodes=0), "nodes"),
-    ("nodes='2' (a str)", dict(GOOD_MPI, nodes="2"), "nodes"),
-    ("kind='openmp'", dict(GOOD_MPI, kind="openmp"), "kind"),
-    ("an unknown key 'gpus'", dict(GOOD_TORCH, gpus=4), "gpus"),
-    ("a torch job without procs_per_node or gpus_per_node", _without(GOOD_TORCH, "procs_per_node"),
-     "procs_per_node"),
-    ("an mpi job without tasks_per_node", _without(GOOD_MPI, "tasks_per_node"), "tasks_per_node"),
-    ("tasks_per_node on a torch job", dict(GOOD_TORCH, tasks_per_node=4), "tasks_per_node"),
-    ("command as one string", dict(GOOD_MPI, command="python x.py"), "command"),
-    ("command=[]", dict(GOOD_MPI, command=[]), "command"),
-    ("launcher='mpirun'", dict(GOOD_MPI, launcher="mpirun"), "launcher"),
-    ("port=80", dict(GOOD_TORCH, port=80), "port"),
-    ("time='soon'", dict(GOOD_TORCH, time="soon"), "time"),
-    ("overcommit='yes'", dict(GOOD_MPI, overcommit="yes"), "overcommit"),
-    ("name='my job' (a space)", dict(GOOD_MPI, name="my job"), "name"),
-]
-
-QUERIES = {
-    "rank_from_env": [env for _, env, _ in ONE_NODE + ACROSS_NODES + TORCHRUN],
-    "rank_from_env_errors": [env for _, env, _ in ENV_ERRORS],
-    "make_sbatch": [{"job": job, "fake": allocation} for _, job, allocation in SBATCH_CASES],
-    "make_sbatch_errors": [job for _, job, _ in JOB_ERRORS],
-}
+cluster_cases = load_beside(__file__, "cluster_cases")
+sbatch = load_beside(__file__, "sbatch_reading")
 
 
 def _answers(submission, name):
     """The harness's answers for ``name``, in query order; NotImplementedYet for a stub."""
-    found = submission.harness_once("cluster", "cluster_answers", QUERIES)[name]
+    found = submission.harness_once("cluster", "cluster_answers", cluster_cases.QUERIES)[name]
     if isinstance(found, dict) and "not_implemented" in found:
         raise not_implemented_yet(found["not_implemented"])
     return found
 
 
 def _rank_answers(submission, cases):
-    every = ONE_NODE + ACROSS_NODES + TORCHRUN
+    every = cluster_cases.ONE_NODE + cluster_cases.ACROSS_NODES + cluster_cases.TORCHRUN
     answers = dict(zip((label for label, _, _ in every), _answers(submission, "rank_from_env")))
     return [(label, env, want, answers[label]) for label, env, want in cases]
 
@@ -233,26 +74,26 @@ def _check_ranks(submission, cases):
 @pytest.mark.points(1)
 def check_rank_from_env_one_node(submission):
     """rank_from_env reads srun's variables on one node (4 tasks)"""
-    _check_ranks(submission, ONE_NODE)
+    _check_ranks(submission, cluster_cases.ONE_NODE)
 
 
 @pytest.mark.points(2)
 def check_rank_from_env_across_nodes(submission):
     """rank_from_env on 2 and 3 nodes, with equal and unequal tasks per node (3 + 2; 1 + 2 + 1)"""
-    _check_ranks(submission, ACROSS_NODES)
+    _check_ranks(submission, cluster_cases.ACROSS_NODES)
 
 
 @pytest.mark.points(2)
 def check_rank_from_env_prefers_torchrun(submission):
     """rank_from_env: torchrun's variables win over srun's; its node is GROUP_RANK"""
-    _check_ranks(submission, TORCHRUN)
+    _check_ranks(submission, cluster_cases.TORCHRUN)
 
 
 @pytest.mark.points(1)
 def check_rank_from_env_errors(submission):
     """rank_from_env raises ValueError without a rank, with a variable missing, not a number, or out of range"""
     wrong = []
-    for (label, env, word), got in zip(ENV_ERRORS, _answers(submission, "rank_from_env_errors")):
+    for (label, env, word), got in zip(cluster_cases.ENV_ERRORS, _answers(submission, "rank_from_env_errors")):
         if "value" in got:
             wrong.append(f"{label}: returned {got['value']!r} instead of raising ValueError")
         elif got["type"] != "ValueError":
@@ -262,95 +103,9 @@ def check_rank_from_env_errors(submission):
     assert not wrong, "\n".join(wrong)
 
 
-# --- reading a script as sbatch and srun do ----------------------------------------------------
-
-SHORT = {"J": "job-name", "N": "nodes", "n": "ntasks", "t": "time", "p": "partition", "o": "output",
-         "e": "error", "c": "cpus-per-task", "G": "gpus", "O": "overcommit", "A": "account", "q": "qos",
-         "l": "label", "u": "unbuffered", "K": "kill-on-bad-exit", "v": "verbose", "Q": "quiet"}
-FLAGS = {"overcommit", "exclusive", "label", "unbuffered", "kill-on-bad-exit", "verbose", "quiet", "requeue",
-         "no-requeue", "wait", "standalone", "no-python", "module", "run-path", "contiguous", "spread-job"}
-
-
-def parse_options(words):
-    """{option: value} (``True`` for a flag) of words like ``--nodes=2 --time 10 -N2 -O``, long names,
-    ``_`` read as ``-``; and the words that are not options."""
-    options, other, i = {}, [], 0
-    while i < len(words):
-        word = words[i]
-        if word.startswith("--") and len(word) > 2:
-            name, eq, value = word[2:].partition("=")
-            name = name.replace("_", "-")
-            if eq:
-                options[name] = value
-            elif name in FLAGS or i + 1 == len(words):
-                options[name] = True
-            else:
-                options[name] = words[i + 1]
-                i += 1
-        elif word.startswith("-") and len(word) > 1 and word[1] in SHORT:
-            name = SHORT[word[1]]
-            if name in FLAGS:
-                options[name] = True
-            elif len(word) > 2:
-                options[name] = word[2:].lstrip("=")
-            elif i + 1 < len(words):
-                options[name] = words[i + 1]
-                i += 1
-        else:
-            other.append(word)
-        i += 1
-    return options, other
-
-
-def directives(text):
-    """(#SBATCH options, problems): the options sbatch reads, i.e. the ``#SBATCH`` lines before the
-    first command; problems name ``#SBATCH`` lines after it (sbatch ignores them) and a missing shebang."""
-    problems, words, commands = [], [], False
-    lines = text.splitlines()
-    if not lines or not lines[0].startswith("#!") or "bash" not in lines[0]:
-        problems.append(f"the first line should be a bash shebang (#!/bin/bash), not {lines[0] if lines else ''!r}")
-    for number, line in enumerate(lines, 1):
-        stripped = line.strip()
-        if stripped.startswith("#SBATCH"):
-            if commands:
-                problems.append(f"line {number} ({stripped!r}) comes after a command: sbatch ignores it")
-                continue
-            try:
-                words += shlex.split(stripped[len("#SBATCH"):], comments=True)
-            except ValueError as exc:
-                problems.append(f"line {number} ({stripped!r}): {exc}")
-        elif stripped and not stripped.startswith("#"):
-            commands = True
-    options, stray = parse_options(words)
-    if stray:
-        problems.append(f"#SBATCH words that are not options: {stray}")
-    return options, problems
-
-
-def seconds(limit):
-    """sbatch's --time in seconds: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S; None when it is none of them."""
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", str(limit))
-    if not m:
-        return None
-    days, *parts = m.groups()
-    parts = [int(p) for p in parts if p is not None]
-    if days is not None:  # D-H, D-H:M, D-H:M:S
-        parts += [0] * (3 - len(parts))
-        return int(days) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
-    if len(parts) == 1:
-        return parts[0] * 60
-    if len(parts) == 2:
-        return parts[0] * 60 + parts[1]
-    return parts[0] * 3600 + parts[1] * 60 + parts[2]
-
-
-def whole(value):
-    return int(value) if isinstance(value, str) and value.isdigit() else None
-
-
 def _script(submission, label):
     """The answer for the job called ``label``: {"value": text, "run": {...}}; fails when it raised."""
-    for (name, job, allocation), got in zip(SBATCH_CASES, _answers(submission, "make_sbatch")):
+    for (name, job, allocation), got in zip(cluster_cases.SBATCH_CASES, _answers(submission, "make_sbatch")):
         if name == label:
             assert "error" not in got, f"{label}: make_sbatch raised {got['error']}"
             return job, allocation, got
@@ -371,16 +126,16 @@ def _directive_problems(label, job, options, problems):
     if options.get("nodes") not in (str(nodes), f"{nodes}-{nodes}"):
         wrong.append(f"{label}: #SBATCH --nodes is {options.get('nodes')!r}, want {nodes}")
     limit = job.get("time", "00:10:00")
-    if seconds(options.get("time", "")) != seconds(limit):
+    if sbatch.seconds(options.get("time", "")) != sbatch.seconds(limit):
         wrong.append(f"{label}: #SBATCH --time is {options.get('time')!r}, want {limit!r} "
-                     f"({seconds(limit)} s)")
+                     f"({sbatch.seconds(limit)} s)")
     for key in ("partition", "output"):
         if key in job:
             want(key, job[key])
     gpus = job.get("gpus_per_node", 0)
     if gpus and options.get("gpus-per-node") != str(gpus) and options.get("gres") != f"gpu:{gpus}":
         wrong.append(f"{label}: no #SBATCH --gpus-per-node={gpus} (or --gres=gpu:{gpus})")
-    tasks, tasks_per_node = whole(options.get("ntasks")), whole(options.get("ntasks-per-node"))
+    tasks, tasks_per_node = sbatch.whole(options.get("ntasks")), sbatch.whole(options.get("ntasks-per-node"))
     if "ntasks-per-node" in options and tasks_per_node != per_node:
         wrong.append(f"{label}: #SBATCH --ntasks-per-node is {options['ntasks-per-node']!r}, want {per_node}")
     if "ntasks" in options and tasks != nodes * per_node:
@@ -403,9 +158,9 @@ def _directive_problems(label, job, options, problems):
 def check_sbatch_directives(submission):
     """make_sbatch: #SBATCH name, nodes, tasks, time, partition, output, GPUs, overcommit; bash -n accepts it"""
     wrong = []
-    for label, job, _ in SBATCH_CASES:
+    for label, job, _ in cluster_cases.SBATCH_CASES:
         _, _, got = _script(submission, label)
-        options, problems = directives(got["value"])
+        options, problems = sbatch.directives(got["value"])
         wrong += _directive_problems(label, job, options, problems)
         if got["run"]["syntax"]["rc"] != 0:
             wrong.append(f"{label}: bash -n rejects the script: {got['run']['syntax']['stderr'].strip()}")
@@ -441,14 +196,14 @@ def _tasks(label, srun_options, batch, nodes, per_node):
     if step_nodes not in (str(nodes), f"{nodes}-{nodes}"):
         wrong.append(f"{label}: srun runs on {step_nodes!r} nodes, want {nodes}")
     if "ntasks-per-node" in srun_options:
-        placed = whole(srun_options["ntasks-per-node"])
+        placed = sbatch.whole(srun_options["ntasks-per-node"])
     elif "ntasks" in srun_options:
-        placed = None if nodes > 1 else whole(srun_options["ntasks"])
+        placed = None if nodes > 1 else sbatch.whole(srun_options["ntasks"])
     else:
-        placed = whole(batch.get("ntasks-per-node", "")) or (
-            whole(batch.get("ntasks", "")) if nodes == 1 else None)
-    total = whole(srun_options["ntasks"]) if "ntasks" in srun_options else (
-        placed * nodes if placed else whole(batch.get("ntasks", "")))
+        placed = sbatch.whole(batch.get("ntasks-per-node", "")) or (
+            sbatch.whole(batch.get("ntasks", "")) if nodes == 1 else None)
+    total = sbatch.whole(srun_options["ntasks"]) if "ntasks" in srun_options else (
+        placed * nodes if placed else sbatch.whole(batch.get("ntasks", "")))
     if placed != per_node:
         wrong.append(f"{label}: srun should start {per_node} task(s) per node (--ntasks-per-node={per_node}), "
                      f"it starts {placed if placed else 'an unknown number'} per node")
@@ -461,7 +216,7 @@ def _tasks(label, srun_options, batch, nodes, per_node):
 def check_torch_launch(submission):
     """make_sbatch, torch: srun starts a torchrun per node; rendezvous at scontrol's first host, the job id"""
     wrong = []
-    for label, job, allocation in TORCH_CASES:
+    for label, job, allocation in cluster_cases.TORCH_CASES:
         _, _, got = _script(submission, label)
         calls = _ran(label, got, wrong)
         if calls is None:
@@ -481,10 +236,10 @@ def check_torch_launch(submission):
             continue
         argv = launches[0]["argv"]
         at = next(i for i, word in enumerate(argv) if is_torchrun(word))
-        srun_options, stray = parse_options(argv[:at])
+        srun_options, stray = sbatch.parse_options(argv[:at])
         if stray:
             wrong.append(f"{label}: srun words before torchrun that are not options: {stray}")
-        wrong += _tasks(label, srun_options, directives(got["value"])[0], nodes, 1)
+        wrong += _tasks(label, srun_options, sbatch.directives(got["value"])[0], nodes, 1)
         if argv[at] != torchrun:
             wrong.append(f"{label}: srun runs {argv[at]!r}, the job's torchrun is {torchrun!r}")
         rest = argv[at + 1:]
@@ -492,7 +247,7 @@ def check_torch_launch(submission):
             wrong.append(f"{label}: torchrun's command should end with the job's command {job['command']}, "
                          f"it is {rest}")
             continue
-        options, stray = parse_options(rest[:len(rest) - len(job["command"])])
+        options, stray = sbatch.parse_options(rest[:len(rest) - len(job["command"])])
         if stray:
             wrong.append(f"{label}: torchrun words that are not options before the command: {stray}")
         head = f"{allocation['hosts'][0]}:{job.get('port', 29500)}"
@@ -513,13 +268,13 @@ def check_torch_launch(submission):
 def check_mpi_launch(submission):
     """make_sbatch, mpi: srun (--mpi when asked) or mpiexec starts nodes x tasks_per_node ranks of the command"""
     wrong = []
-    for label, job, allocation in MPI_CASES:
+    for label, job, allocation in cluster_cases.MPI_CASES:
         _, _, got = _script(submission, label)
         calls = _ran(label, got, wrong)
         if calls is None:
             continue
         nodes, per_node, command = job["nodes"], job["tasks_per_node"], job["command"]
-        batch = directives(got["value"])[0]
+        batch = sbatch.directives(got["value"])[0]
         launcher = job.get("launcher", "srun")
         launches = [c for c in calls if c["name"] in ("srun", "mpiexec") and _ends_with(c["argv"], command)]
         if len(launches) != 1:
@@ -532,7 +287,7 @@ def check_mpi_launch(submission):
             continue
         before = call["argv"][:len(call["argv"]) - len(command)]
         if launcher == "srun":
-            options, stray = parse_options(before)
+            options, stray = sbatch.parse_options(before)
             if stray:
                 wrong.append(f"{label}: srun words that are not options before the command: {stray}")
             wrong += _tasks(label, options, batch, nodes, per_node)
@@ -559,11 +314,11 @@ def check_mpi_launch(submission):
 def check_job_validation(submission):
     """make_sbatch raises ValueError naming the key for missing, unknown or invalid keys"""
     wrong = []
-    for (label, job, word), got in zip(JOB_ERRORS, _answers(submission, "make_sbatch_errors")):
+    for (label, job, word), got in zip(cluster_cases.JOB_ERRORS, _answers(submission, "make_sbatch_errors")):
         if "value" in got:
             wrong.append(f"{label}: returned a script instead of raising ValueError")
         elif got["type"] != "ValueError":
             wrong.append(f"{label}: raised {got['error']}, not ValueError")
         elif word not in got["error"]:
             wrong.append(f"{label}: the message should name {word!r}: {got['error']}")
-    assert not wrong, f"{len(wrong)} of {len(JOB_ERRORS)} bad jobs:\n" + "\n".join(wrong[:8])
+    assert not wrong, f"{len(wrong)} of {len(cluster_cases.JOB_ERRORS)} bad jobs:\n" + "\n".join(wrong[:8])
