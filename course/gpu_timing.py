@@ -237,6 +237,17 @@ def hashed_counts(seed: int, size: int, bound: int, stream: int = 0, chunk: int 
     return counts
 
 
+def hashed_product_at(seed: int, n: int, positions) -> np.ndarray:
+    """``A @ B`` in float64 at the flat ``positions`` of the n x n product, where A is
+    ``hashed(np, seed, (n, n))`` and B the same on stream 1: the grader's side of a timed
+    matmul's sampled outputs, a row of A and a column of B each."""
+    rows, cols = np.divmod(np.asarray(positions, dtype=np.int64), n)
+    k = np.arange(n)
+    a = hashed(np, seed, None, positions=(rows[:, None] * n + k).ravel()).reshape(-1, n)
+    b = hashed(np, seed, None, stream=1, positions=(k[None, :] * n + cols[:, None]).ravel()).reshape(-1, n)
+    return (a.astype(np.float64) * b).sum(axis=1)
+
+
 def scale_of(seed: int) -> float:
     """A run's factor in [1, 2), exact in float32: a reduction's input is ``base * scale_of(seed)``."""
     return 1.0 + (int(seed) % 1024) / 1024

@@ -238,9 +238,14 @@ def test_seeds_are_fresh_and_sampled_positions_cover_both_ends():
     assert np.array_equal(where, sample_positions(7, 10_000)) and not np.array_equal(where, sample_positions(8, 10_000))
 
 
-def test_grader_side_oracles_of_reductions_match_the_arrays():
-    """The grader sums a reduction's base in chunks; it equals the whole array's sum, and a
-    run's rotated histogram is np.roll of the base's counts."""
+def test_grader_side_oracles_of_reductions_and_products_match_the_arrays():
+    """The grader sums a reduction's base in chunks; it equals the whole array's sum, a
+    run's rotated histogram is np.roll of the base's counts, and a matmul's sampled outputs
+    are those of the product of the whole hashed matrices (the harnesses' A and B)."""
+    a, b = hashed(np, 9, (37, 37)), hashed(np, 9, (37, 37), stream=1)
+    where = gpu_timing.sample_positions(9, 37 * 37)
+    want = (a.astype(np.float64) @ b.astype(np.float64)).ravel()[where]
+    np.testing.assert_allclose(gpu_timing.hashed_product_at(9, 37, where), want, rtol=1e-12)
     x = hashed(np, 5, 10_000)
     assert gpu_timing.hashed_total(5, 10_000, chunk=999) == pytest.approx(float(x.sum(dtype=np.float64)), rel=1e-12)
     values = gpu_timing.hashed_ints(np, 5, 10_000, 256)

@@ -26,7 +26,6 @@ from autograder.grading import timed
 from autograder.grading import seeds
 from autograder.grading.checking import (INT_POISON, compiled_kernels, expect_array, expect_compiled, load_beside,
                                          require_compiles, with_the_work)
-from course import gpu_timing
 
 oracles = load_beside(__file__, "oracles")
 
@@ -520,47 +519,10 @@ RIGHT_ANSWER = {"block_sum_kernel": _expect_block_sums, "block_sum_warp_kernel":
 # -- GPU tier: speed as ratios of CuPy's kernels, in one run ----------------------------
 #
 # Timed by course.gpu_timing in the sandbox and judged here (autograder.grading.timed):
-# every timed run's output is rechecked against an oracle computed from its seed, and a
+# every timed run's output is rechecked against an oracle computed from its seed (the
+# rechecks are in oracles.py), and a
 # run faster than the card's peak allows is refused. With --dry-run-gpu on the CPU tier
 # they run at tiny sizes on stand-ins and award nothing.
-
-def _sum_recheck(n, base_seed):
-    """A run's total against ``scale_of(seed)`` times the base's float64 sum."""
-    base_total = gpu_timing.hashed_total(base_seed, n)
-
-    def recheck(seed, kept):
-        want = gpu_timing.scale_of(seed) * base_total
-        error = abs(kept - want) / want
-        return None if error <= 1e-4 else f"the sum is {kept:.7g}, expected {want:.7g} (relative error {error:.2g})"
-    return recheck
-
-
-def _matmul_recheck(n):
-    """A run's sampled C[i, j] against row i of its A times column j of its B, in float64."""
-    def recheck(seed, kept):
-        where = gpu_timing.sample_positions(seed, n * n)
-        rows, cols = np.divmod(where, n)
-        k = np.arange(n)
-        a_rows = gpu_timing.hashed(np, seed, None, positions=(rows[:, None] * n + k).ravel()).reshape(-1, n)
-        b_cols = gpu_timing.hashed(np, seed, None, stream=1, positions=(k[None, :] * n + cols[:, None]).ravel())
-        want = (a_rows.astype(np.float64) * b_cols.reshape(-1, n)).sum(axis=1)
-        return timed.sample_problem(kept, want, where, rtol=1e-3)
-    return recheck
-
-
-def _histogram_recheck(n, n_bins, base_seed):
-    """A run's counts against the base's, rotated by ``shift_of(seed)``."""
-    base = gpu_timing.hashed_counts(base_seed, n, n_bins)
-
-    def recheck(seed, kept):
-        want, kept = np.roll(base, gpu_timing.shift_of(seed, n_bins)), np.asarray(kept)
-        if kept.shape != want.shape:
-            return f"{kept.size} bins came back, expected {n_bins}"
-        bad = np.flatnonzero(kept != want)
-        return None if not bad.size else (f"bin {bad[0]} holds {kept[bad[0]]}, expected {want[bad[0]]} "
-                                          f"({bad.size} of {n_bins} bins differ)")
-    return recheck
-
 
 def _ratio_check(metrics, ours, theirs, names, work, unit, threshold, what, hint, dry_run, record):
     """Ours against CuPy's on the same work: the ratio of their rates, with what was measured."""
@@ -581,7 +543,7 @@ def check_reduce_speed(submission, metrics, gpu_dry_run, seed):
     n, runs = (512, 2) if gpu_dry_run else (1 << 27, 10)
     base_seed, *seeds = timed.draw_seeds(runs + 1, seed, "reduce_speed")
     m = submission.harness("reduce_vs_cupy_sum", n, base_seed, seeds)
-    recheck = _sum_recheck(n, base_seed)
+    recheck = oracles.sum_recheck(n, base_seed)
     ours = timed.judge(m["ours"], "block_sum_kernel (two passes)", recheck, moved_bytes=4 * n, dry_run=gpu_dry_run)
     cupy = timed.judge(m["cupy"], "cupy.sum", recheck, moved_bytes=4 * n, dry_run=gpu_dry_run)
     _ratio_check(metrics, ours, cupy, ("ours", "cupy"), 4 * n / 1e9, "gbs", REDUCE_TO_CUPY_SUM, "the reduction",
@@ -595,7 +557,7 @@ def check_matmul_speed(submission, metrics, gpu_dry_run, seed):
     """tiled_matmul_kernel: FLOP/s as a fraction of cuBLAS FP32 (TF32 off) at 4096 x 4096"""
     n, runs = (16, 2) if gpu_dry_run else (4096, 5)
     m = submission.harness("matmul_vs_cublas", n, timed.draw_seeds(runs, seed, "matmul_speed"))
-    recheck = _matmul_recheck(n)
+    recheck = oracles.matmul_recheck(n)
     work = {"flops": 2 * n**3, "moved_bytes": 3 * 4 * n * n}
     ours = timed.judge(m["ours"], "tiled_matmul_kernel", recheck, dry_run=gpu_dry_run, **work)
     cublas = timed.judge(m["cublas"], "cuBLAS SGEMM (A @ B)", recheck, dry_run=gpu_dry_run, **work)
@@ -611,7 +573,7 @@ def check_histogram_speed(submission, metrics, gpu_dry_run, seed):
     (n, runs), n_bins = ((1024, 2) if gpu_dry_run else (1 << 27, 10)), 256
     base_seed, *seeds = timed.draw_seeds(runs + 1, seed, "histogram_speed")
     m = submission.harness("histogram_vs_bincount", n, n_bins, base_seed, seeds)
-    recheck = _histogram_recheck(n, n_bins, base_seed)
+    recheck = oracles.histogram_recheck(n, n_bins, base_seed)
     ours = timed.judge(m["ours"], "histogram_kernel", recheck, moved_bytes=4 * n, dry_run=gpu_dry_run)
     cupy = timed.judge(m["cupy"], "cupy.bincount", recheck, moved_bytes=4 * n, dry_run=gpu_dry_run)
     _ratio_check(metrics, ours, cupy, ("ours", "cupy"), n / 1e9, "gvals", HISTOGRAM_TO_BINCOUNT, "the histogram",

@@ -9,10 +9,15 @@ kernels compute, and readers of the record of a host function's launches
 - ``launches_of``: a kernel's launches in a record, as (index, grid, block).
 - ``holds``: whether a value is what some of the recorded launches left in an
   array they wrote, which a value computed on the host beside them is not.
+- ``sum_recheck``, ``matmul_recheck``, ``histogram_recheck``: the GPU tier's
+  rechecks of a timed run's output, from its seed alone (``timed.judge``).
 """
 import math
 
 import numpy as np
+
+from autograder.grading import timed
+from course import gpu_timing
 
 
 def grid_stride_block_sums(x, blocks, threads):
@@ -57,3 +62,38 @@ def holds(run, value, launches) -> bool:
         if np.array_equal(contents[corner], value) and (written[corner] | (value == 0)).all():
             return True
     return False
+
+
+# --- the GPU tier: a timed run's output, from its seed -----------------------------------
+
+def sum_recheck(n, base_seed):
+    """A run's total against ``scale_of(seed)`` times the base's float64 sum."""
+    base_total = gpu_timing.hashed_total(base_seed, n)
+
+    def recheck(seed, kept):
+        want = gpu_timing.scale_of(seed) * base_total
+        error = abs(kept - want) / want
+        return None if error <= 1e-4 else f"the sum is {kept:.7g}, expected {want:.7g} (relative error {error:.2g})"
+    return recheck
+
+
+def matmul_recheck(n):
+    """A run's sampled C[i, j] against row i of its A times column j of its B, in float64."""
+    def recheck(seed, kept):
+        where = gpu_timing.sample_positions(seed, n * n)
+        return timed.sample_problem(kept, gpu_timing.hashed_product_at(seed, n, where), where, rtol=1e-3)
+    return recheck
+
+
+def histogram_recheck(n, n_bins, base_seed):
+    """A run's counts against the base's, rotated by ``shift_of(seed)``."""
+    base = gpu_timing.hashed_counts(base_seed, n, n_bins)
+
+    def recheck(seed, kept):
+        want, kept = np.roll(base, gpu_timing.shift_of(seed, n_bins)), np.asarray(kept)
+        if kept.shape != want.shape:
+            return f"{kept.size} bins came back, expected {n_bins}"
+        bad = np.flatnonzero(kept != want)
+        return None if not bad.size else (f"bin {bad[0]} holds {kept[bad[0]]}, expected {want[bad[0]]} "
+                                          f"({bad.size} of {n_bins} bins differ)")
+    return recheck

@@ -351,24 +351,6 @@ def check_softmax_on_device(submission, gpu_dry_run):
     expect_array(got["values"], oracles.softmax(x), "softmax_rows on the device", rtol=1e-4, atol=1e-7)
 
 
-def _gelu_recheck(size, cols):
-    """A run's sampled bias_gelu (``size`` elements in rows of ``cols``) against GELU of its
-    x + bias, both named by the run's seed."""
-    def recheck(seed, kept):
-        where = gpu_timing.sample_positions(seed, size)
-        x = gpu_timing.hashed(np, seed, None, -4.0, 4.0, positions=where)
-        bias = gpu_timing.hashed(np, seed, None, -1.0, 1.0, stream=1, positions=where % cols)
-        return timed.sample_problem(kept, oracles.gelu_tanh(x + bias), where, rtol=1e-5, atol=1e-6)
-    return recheck
-
-
-def _copy_recheck(size):
-    def recheck(seed, kept):
-        where = gpu_timing.sample_positions(seed, size)
-        return timed.sample_problem(kept, gpu_timing.hashed(np, seed, None, -4.0, 4.0, positions=where), where, rtol=0)
-    return recheck
-
-
 @pytest.mark.gpu
 @pytest.mark.points(2)
 def check_fused_faster_than_unfused(submission, metrics, gpu_dry_run, seed):
@@ -376,11 +358,11 @@ def check_fused_faster_than_unfused(submission, metrics, gpu_dry_run, seed):
     (rows, cols), runs = ((32, 64), 2) if gpu_dry_run else ((8192, 8192), 10)
     size = rows * cols
     m = submission.harness("fused_vs_unfused", rows, cols, timed.draw_seeds(runs, seed, "fused_faster_than_unfused"))
-    gelu = _gelu_recheck(size, cols)
+    gelu = oracles.gelu_recheck(size, cols)
     fused = timed.judge(m["fused"], "bias_gelu (fused)", gelu, moved_bytes=2 * 4 * size, dry_run=gpu_dry_run)
     unfused = timed.judge(m["unfused"], "bias + GELU, one CuPy operation at a time", gelu,
                           moved_bytes=2 * 4 * size, dry_run=gpu_dry_run)
-    copy = timed.judge(m["copy"], "device copy of x", _copy_recheck(size), moved_bytes=2 * 4 * size,
+    copy = timed.judge(m["copy"], "device copy of x", oracles.copy_recheck(size), moved_bytes=2 * 4 * size,
                        dry_run=gpu_dry_run)
     speedup = unfused.median_s / fused.median_s
     fused_gbs, copy_gbs = 2 * 4 * size / fused.median_s / 1e9, 2 * 4 * size / copy.median_s / 1e9
@@ -393,37 +375,6 @@ def check_fused_faster_than_unfused(submission, metrics, gpu_dry_run, seed):
                  f"operations)? Measured: {fused.describe()}; {unfused.describe()}; {copy.describe()}")
 
 
-def _spin_recheck(n_chunks, chunk_elems, base_seed, spins):
-    """A run's sampled results against the harness's spin loop in float32 on its chunks (the
-    base chunks times the run's scale). The loop ends within about 1e-5 of 1 (each step's
-    rounding, amplified 100 times; the GPU fuses each multiply-add), plus x: an absolute
-    tolerance of 1e-4 tells a run's results from the last run's, whose x differ by a factor.
-    The serial schedule and the pipeline run on the same seeds: each oracle is made once."""
-    oracles_of = {}
-
-    def want(seed, where):
-        if seed not in oracles_of:
-            scale = np.float32(gpu_timing.scale_of(seed))
-            x = np.stack([gpu_timing.hashed(np, base_seed, None, stream=j, positions=where) * scale
-                          for j in range(n_chunks)])
-            v = x
-            for _ in range(spins):
-                v = v * np.float32(0.99) + np.float32(0.01)
-            oracles_of[seed] = v + x
-        return oracles_of[seed]
-
-    def recheck(seed, kept):
-        if len(kept) != n_chunks:
-            return f"{len(kept)} results came back for {n_chunks} chunks"
-        where = gpu_timing.sample_positions(seed, chunk_elems, count=64)
-        for j, (got, expected) in enumerate(zip(kept, want(seed, where))):
-            problem = timed.sample_problem(got, expected, where, rtol=0, atol=1e-4)
-            if problem:
-                return f"chunk {j}: {problem}"
-        return None
-    return recheck
-
-
 @pytest.mark.gpu
 @pytest.mark.points(3)
 def check_pipeline_overlap_speedup(submission, metrics, gpu_dry_run, seed):
@@ -431,7 +382,7 @@ def check_pipeline_overlap_speedup(submission, metrics, gpu_dry_run, seed):
     n_chunks, chunk_elems, runs, max_spins = (4, 256, 2, 8) if gpu_dry_run else (8, 32 * 2**20 // 4, 3, 1 << 16)
     base_seed, *seeds = timed.draw_seeds(runs + 1, seed, "pipeline_overlap_speedup")
     m = submission.harness("overlap_speedup", n_chunks, chunk_elems, 3, base_seed, seeds, max_spins)
-    recheck = _spin_recheck(n_chunks, chunk_elems, base_seed, m["spins"])
+    recheck = oracles.spin_recheck(n_chunks, chunk_elems, base_seed, m["spins"])
     work = {"flops": 2 * m["spins"] * chunk_elems * n_chunks, "moved_bytes": 2 * 4 * chunk_elems * n_chunks}
     serial = timed.judge(m["serial"], "serial schedule", recheck, dry_run=gpu_dry_run, **work)
     piped = timed.judge(m["pipelined"], "pipelined_apply on 3 streams", recheck, dry_run=gpu_dry_run, **work)
@@ -463,35 +414,18 @@ def check_zero_copy_on_device(submission, gpu_dry_run):
     assert not problems, "; ".join(problems)
 
 
-def _sampled_recheck(size, want_at):
-    def recheck(seed, kept):
-        where = gpu_timing.sample_positions(seed, size)
-        return timed.sample_problem(kept, want_at(seed, where), where, rtol=1e-3, atol=1e-6)
-    return recheck
-
-
-def _matmul_at(m):
-    def want(seed, where):
-        rows, cols = np.divmod(where, m)
-        k = np.arange(m)
-        a = gpu_timing.hashed(np, seed, None, positions=(rows[:, None] * m + k).ravel()).reshape(-1, m)
-        b = gpu_timing.hashed(np, seed, None, stream=1, positions=(k[None, :] * m + cols[:, None]).ravel())
-        return (a.astype(np.float64) * b.reshape(-1, m)).sum(axis=1)
-    return want
-
-
 @pytest.mark.gpu
 @pytest.mark.points(1)
 def check_roofline_measured(submission, metrics, gpu_dry_run, seed):
     """The measured roofline of this GPU places bias+GELU and matmul on the right side of the ridge"""
     (n, m_size), runs = ((4096, 32), 2) if gpu_dry_run else ((1 << 26, 8192), 5)
     got = submission.harness("roofline_measured", n, m_size, timed.draw_seeds(runs, seed, "roofline_measured"))
-    copy = timed.judge(got["copy"], "device copy", _sampled_recheck(n, lambda seed, where: gpu_timing.hashed(
+    copy = timed.judge(got["copy"], "device copy", oracles.sampled_recheck(n, lambda seed, where: gpu_timing.hashed(
         np, seed, None, positions=where)), moved_bytes=2 * 4 * n, dry_run=gpu_dry_run)
     matmul = timed.judge(got["matmul"], "cuBLAS FP32 matmul (TF32 off)",
-                         _sampled_recheck(m_size**2, _matmul_at(m_size)), flops=2 * m_size**3,
+                         oracles.sampled_recheck(m_size**2, lambda seed, where: gpu_timing.hashed_product_at(seed, m_size, where)), flops=2 * m_size**3,
                          moved_bytes=3 * 4 * m_size**2, dry_run=gpu_dry_run)
-    gelu = timed.judge(got["bias_gelu"], "bias_gelu", _gelu_recheck(n, 1024), moved_bytes=2 * 4 * n,
+    gelu = timed.judge(got["bias_gelu"], "bias_gelu", oracles.gelu_recheck(n, 1024), moved_bytes=2 * 4 * n,
                        dry_run=gpu_dry_run)
     copy_bw, matmul_flops = 2 * 4 * n / copy.median_s, 2 * m_size**3 / matmul.median_s
     gelu_flops_per_element, gelu_bytes_per_element = 10, 8  # add, 3 mul-adds, tanh ~ 10; read x, write y

@@ -14,10 +14,15 @@ the reference's code.
 - ``PIPELINE_FUNCTIONS``: what ``f`` of each chunk is, for the pipeline's results;
   ``pipe_bound``: the closed-form serial and pipelined makespans.
 - ``ROOFLINE_CASES``: hand-worked roofline answers.
+- ``gelu_recheck``, ``copy_recheck``, ``spin_recheck``, ``sampled_recheck``: the GPU
+  tier's rechecks of a timed run's output, from its seed alone (``timed.judge``).
 """
 import math
 
 import numpy as np
+
+from autograder.grading import timed
+from course import gpu_timing
 
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 
@@ -103,3 +108,61 @@ ROOFLINE_CASES = [  # (name, flops, bytes, device, attainable, bound), worked by
 ]
 INTENSITY_CASES = [(2e6, 12e6, 1 / 6), (2 * 4096**3, 3 * 4 * 4096**2, 4096 / 6), (7, 2, 3.5), (2.5, 0.5, 5.0),
                    (1, 3, 1 / 3)]  # (flops, bytes, flop per byte)
+
+
+# --- the GPU tier: a timed run's output, from its seed -----------------------------------
+
+def gelu_recheck(size, cols):
+    """A run's sampled bias_gelu (``size`` elements in rows of ``cols``) against GELU of its
+    x + bias, both named by the run's seed."""
+    def recheck(seed, kept):
+        where = gpu_timing.sample_positions(seed, size)
+        x = gpu_timing.hashed(np, seed, None, -4.0, 4.0, positions=where)
+        bias = gpu_timing.hashed(np, seed, None, -1.0, 1.0, stream=1, positions=where % cols)
+        return timed.sample_problem(kept, gelu_tanh(x + bias), where, rtol=1e-5, atol=1e-6)
+    return recheck
+
+
+def copy_recheck(size):
+    def recheck(seed, kept):
+        where = gpu_timing.sample_positions(seed, size)
+        return timed.sample_problem(kept, gpu_timing.hashed(np, seed, None, -4.0, 4.0, positions=where), where, rtol=0)
+    return recheck
+
+
+def spin_recheck(n_chunks, chunk_elems, base_seed, spins):
+    """A run's sampled results against the harness's spin loop in float32 on its chunks (the
+    base chunks times the run's scale). The loop ends within about 1e-5 of 1 (each step's
+    rounding, amplified 100 times; the GPU fuses each multiply-add), plus x: an absolute
+    tolerance of 1e-4 tells a run's results from the last run's, whose x differ by a factor.
+    The serial schedule and the pipeline run on the same seeds: each oracle is made once."""
+    oracles_of = {}
+
+    def want(seed, where):
+        if seed not in oracles_of:
+            scale = np.float32(gpu_timing.scale_of(seed))
+            x = np.stack([gpu_timing.hashed(np, base_seed, None, stream=j, positions=where) * scale
+                          for j in range(n_chunks)])
+            v = x
+            for _ in range(spins):
+                v = v * np.float32(0.99) + np.float32(0.01)
+            oracles_of[seed] = v + x
+        return oracles_of[seed]
+
+    def recheck(seed, kept):
+        if len(kept) != n_chunks:
+            return f"{len(kept)} results came back for {n_chunks} chunks"
+        where = gpu_timing.sample_positions(seed, chunk_elems, count=64)
+        for j, (got, expected) in enumerate(zip(kept, want(seed, where))):
+            problem = timed.sample_problem(got, expected, where, rtol=0, atol=1e-4)
+            if problem:
+                return f"chunk {j}: {problem}"
+        return None
+    return recheck
+
+
+def sampled_recheck(size, want_at):
+    def recheck(seed, kept):
+        where = gpu_timing.sample_positions(seed, size)
+        return timed.sample_problem(kept, want_at(seed, where), where, rtol=1e-3, atol=1e-6)
+    return recheck
