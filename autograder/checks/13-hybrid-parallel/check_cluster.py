@@ -2,11 +2,12 @@
 
 Every query goes to the student's code in one sandboxed call
 (``harness_cluster.cluster_answers``); every expected value is built in the grader's
-process (the cases: ``cluster_cases.py``).
+process, for cases whose hosts, counts, ids, ports and limits are drawn from the
+grading's secret seed (``cluster_cases.draw``).
 
 - ``rank_from_env`` on fake environments written the way srun and
   torchrun set them: one node; two and three nodes, with as many and with
-  different numbers of tasks per node (3 + 2: a ``SLURM_LOCALID`` read as the
+  different numbers of tasks per node (e.g. 3 + 2: a ``SLURM_LOCALID`` read as the
   global rank gives two ranks 0); torchrun's processes under srun, whose
   ``SLURM_*`` variables describe the launcher (torchrun's must win, and its
   node is ``GROUP_RANK`` even where SLURM numbers that node differently);
@@ -34,23 +35,30 @@ cluster_cases = load_beside(__file__, "cluster_cases")
 sbatch = load_beside(__file__, "sbatch_reading")
 
 
-def _answers(submission, name):
+def _drawn(submission, seed):
+    """This grading's cases (``cluster_cases.draw``), drawn once."""
+    return submission.once("cluster_cases", lambda: cluster_cases.draw(seed))
+
+
+def _answers(submission, seed, name):
     """The harness's answers for ``name``, in query order; NotImplementedYet for a stub."""
-    found = submission.harness_once("cluster", "cluster_answers", cluster_cases.QUERIES)[name]
+    found = submission.harness_once("cluster", "cluster_answers", _drawn(submission, seed)["QUERIES"])[name]
     if isinstance(found, dict) and "not_implemented" in found:
         raise not_implemented_yet(found["not_implemented"])
     return found
 
 
-def _rank_answers(submission, cases):
-    every = cluster_cases.ONE_NODE + cluster_cases.ACROSS_NODES + cluster_cases.TORCHRUN
-    answers = dict(zip((label for label, _, _ in every), _answers(submission, "rank_from_env")))
+def _rank_answers(submission, seed, cases):
+    drawn = _drawn(submission, seed)
+    every = drawn["ONE_NODE"] + drawn["ACROSS_NODES"] + drawn["TORCHRUN"]
+    answers = dict(zip((label for label, _, _ in every), _answers(submission, seed, "rank_from_env")))
     return [(label, env, want, answers[label]) for label, env, want in cases]
 
 
-def _check_ranks(submission, cases):
+def _check_ranks(submission, seed, kind):
+    cases = _drawn(submission, seed)[kind]
     wrong = []
-    for label, env, want, got in _rank_answers(submission, cases):
+    for label, env, want, got in _rank_answers(submission, seed, cases):
         if "error" in got:
             wrong.append(f"{label}: rank_from_env raised {got['error']}")
             continue
@@ -72,28 +80,28 @@ def _check_ranks(submission, cases):
 
 
 @pytest.mark.points(1)
-def check_rank_from_env_one_node(submission):
-    """rank_from_env reads srun's variables on one node (4 tasks)"""
-    _check_ranks(submission, cluster_cases.ONE_NODE)
+def check_rank_from_env_one_node(submission, seed):
+    """rank_from_env reads srun's variables on one node"""
+    _check_ranks(submission, seed, "ONE_NODE")
 
 
 @pytest.mark.points(2)
-def check_rank_from_env_across_nodes(submission):
-    """rank_from_env on 2 and 3 nodes, with equal and unequal tasks per node (3 + 2; 1 + 2 + 1)"""
-    _check_ranks(submission, cluster_cases.ACROSS_NODES)
+def check_rank_from_env_across_nodes(submission, seed):
+    """rank_from_env on 2 and 3 nodes, with equal and unequal tasks per node"""
+    _check_ranks(submission, seed, "ACROSS_NODES")
 
 
 @pytest.mark.points(2)
-def check_rank_from_env_prefers_torchrun(submission):
+def check_rank_from_env_prefers_torchrun(submission, seed):
     """rank_from_env: torchrun's variables win over srun's; its node is GROUP_RANK"""
-    _check_ranks(submission, cluster_cases.TORCHRUN)
+    _check_ranks(submission, seed, "TORCHRUN")
 
 
 @pytest.mark.points(1)
-def check_rank_from_env_errors(submission):
+def check_rank_from_env_errors(submission, seed):
     """rank_from_env raises ValueError without a rank, with a variable missing, not a number, or out of range"""
     wrong = []
-    for (label, env, word), got in zip(cluster_cases.ENV_ERRORS, _answers(submission, "rank_from_env_errors")):
+    for (label, env, word), got in zip(_drawn(submission, seed)["ENV_ERRORS"], _answers(submission, seed, "rank_from_env_errors")):
         if "value" in got:
             wrong.append(f"{label}: returned {got['value']!r} instead of raising ValueError")
         elif got["type"] != "ValueError":
@@ -103,9 +111,10 @@ def check_rank_from_env_errors(submission):
     assert not wrong, "\n".join(wrong)
 
 
-def _script(submission, label):
+def _script(submission, seed, label):
     """The answer for the job called ``label``: {"value": text, "run": {...}}; fails when it raised."""
-    for (name, job, allocation), got in zip(cluster_cases.SBATCH_CASES, _answers(submission, "make_sbatch")):
+    for (name, job, allocation), got in zip(_drawn(submission, seed)["SBATCH_CASES"],
+                                            _answers(submission, seed, "make_sbatch")):
         if name == label:
             assert "error" not in got, f"{label}: make_sbatch raised {got['error']}"
             return job, allocation, got
@@ -155,11 +164,11 @@ def _directive_problems(label, job, options, problems):
 
 
 @pytest.mark.points(2)
-def check_sbatch_directives(submission):
+def check_sbatch_directives(submission, seed):
     """make_sbatch: #SBATCH name, nodes, tasks, time, partition, output, GPUs, overcommit; bash -n accepts it"""
     wrong = []
-    for label, job, _ in cluster_cases.SBATCH_CASES:
-        _, _, got = _script(submission, label)
+    for label, job, _ in _drawn(submission, seed)["SBATCH_CASES"]:
+        _, _, got = _script(submission, seed, label)
         options, problems = sbatch.directives(got["value"])
         wrong += _directive_problems(label, job, options, problems)
         if got["run"]["syntax"]["rc"] != 0:
@@ -213,11 +222,11 @@ def _tasks(label, srun_options, batch, nodes, per_node):
 
 
 @pytest.mark.points(3)
-def check_torch_launch(submission):
+def check_torch_launch(submission, seed):
     """make_sbatch, torch: srun starts a torchrun per node; rendezvous at scontrol's first host, the job id"""
     wrong = []
-    for label, job, allocation in cluster_cases.TORCH_CASES:
-        _, _, got = _script(submission, label)
+    for label, job, allocation in _drawn(submission, seed)["TORCH_CASES"]:
+        _, _, got = _script(submission, seed, label)
         calls = _ran(label, got, wrong)
         if calls is None:
             continue
@@ -265,11 +274,11 @@ def check_torch_launch(submission):
 
 
 @pytest.mark.points(2)
-def check_mpi_launch(submission):
+def check_mpi_launch(submission, seed):
     """make_sbatch, mpi: srun (--mpi when asked) or mpiexec starts nodes x tasks_per_node ranks of the command"""
     wrong = []
-    for label, job, allocation in cluster_cases.MPI_CASES:
-        _, _, got = _script(submission, label)
+    for label, job, allocation in _drawn(submission, seed)["MPI_CASES"]:
+        _, _, got = _script(submission, seed, label)
         calls = _ran(label, got, wrong)
         if calls is None:
             continue
@@ -311,14 +320,14 @@ def check_mpi_launch(submission):
 
 
 @pytest.mark.points(1)
-def check_job_validation(submission):
+def check_job_validation(submission, seed):
     """make_sbatch raises ValueError naming the key for missing, unknown or invalid keys"""
-    wrong = []
-    for (label, job, word), got in zip(cluster_cases.JOB_ERRORS, _answers(submission, "make_sbatch_errors")):
+    wrong, errors = [], _drawn(submission, seed)["JOB_ERRORS"]
+    for (label, job, word), got in zip(errors, _answers(submission, seed, "make_sbatch_errors")):
         if "value" in got:
             wrong.append(f"{label}: returned a script instead of raising ValueError")
         elif got["type"] != "ValueError":
             wrong.append(f"{label}: raised {got['error']}, not ValueError")
         elif word not in got["error"]:
             wrong.append(f"{label}: the message should name {word!r}: {got['error']}")
-    assert not wrong, f"{len(wrong)} of {len(cluster_cases.JOB_ERRORS)} bad jobs:\n" + "\n".join(wrong[:8])
+    assert not wrong, f"{len(wrong)} of {len(errors)} bad jobs:\n" + "\n".join(wrong[:8])
