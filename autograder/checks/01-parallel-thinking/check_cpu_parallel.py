@@ -119,10 +119,11 @@ def check_loop_runs_in_parallel(submission, seed, name):
 
 
 @pytest.mark.points(1)
-def check_speedup_laws(submission):
+def check_speedup_laws(submission, seed):
     """amdahl_speedup and gustafson_speedup follow their formulas"""
-    p = np.array([1, 2, 4, 8, 64, 1024])
-    for f in (0.0, 0.05, 0.5):
+    rng = seeds.rng(seed, "01", "laws")
+    p = np.concatenate([[1, 2, 4, 8, 64, 1024], rng.integers(3, 5000, 4)])
+    for f in (0.0, 0.05, 0.5, *(round(float(v), 4) for v in rng.uniform(0.001, 0.999, 2))):
         expect_array(submission.call("cpu_parallel.amdahl_speedup", f, p), 1 / (f + (1 - f) / p),
                      f"amdahl_speedup({f}, p)", rtol=1e-9)
         expect_array(submission.call("cpu_parallel.gustafson_speedup", f, p), f + (1 - f) * p,

@@ -26,6 +26,7 @@ import math
 import numpy as np
 import pytest
 
+from autograder.grading import seeds
 from autograder.grading.checking import expect_array, load_beside, with_the_work
 from autograder.grading.submission import failure_from
 from autograder.grading.traffic import MPI_HEADER_BYTES, expect_crossed, expect_sent_by_rank
@@ -120,9 +121,11 @@ def _log2_ceil(p):
 # --- chunk_bounds ------------------------------------------------------------------
 
 @pytest.mark.points(1)
-def check_chunk_bounds(submission):
+def check_chunk_bounds(submission, seed):
     """chunk_bounds(n, p) splits n elements as np.array_split does (n % p != 0, n < p)"""
-    for n, p in [(10, 3), (1001, 8), (3, 5), (0, 4), (12, 4), (7, 1)]:
+    rng = seeds.rng(seed, "06", "chunks")
+    drawn = [(int(rng.integers(0, 5000)), int(rng.integers(1, 33))) for _ in range(3)]
+    for n, p in [(10, 3), (1001, 8), (3, 5), (0, 4), (12, 4), (7, 1)] + drawn:
         got = submission.call("collectives.chunk_bounds", n, p)
         want = np.cumsum([0] + [len(c) for c in np.array_split(np.arange(n), p)])
         expect_array(np.asarray(got), want, f"chunk_bounds({n}, {p})", exact=True)
