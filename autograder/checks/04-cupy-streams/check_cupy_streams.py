@@ -290,9 +290,10 @@ def check_from_torch_shares_memory(submission):
 # --- 5. Roofline -------------------------------------------------------------
 
 @pytest.mark.points(1)
-def check_arithmetic_intensity(submission):
+def check_arithmetic_intensity(submission, seed):
     """arithmetic_intensity is flops per byte"""
-    for flops, nbytes, want in oracles.INTENSITY_CASES:
+    drawn = [(c[1], c[2], c[1] / c[2]) for c in oracles.drawn_roofline_cases(seeds.rng(seed, "04", "intensity"), 3)]
+    for flops, nbytes, want in oracles.INTENSITY_CASES + drawn:
         got = submission.call("cupy_streams.arithmetic_intensity", flops, nbytes)
         expect_close(got, want, f"arithmetic_intensity({flops:g}, {nbytes:g})", rel=1e-9)
 
@@ -304,10 +305,15 @@ def _roofline(submission, name, flops, nbytes, device):
     return got
 
 
+def _roofline_cases(seed):
+    """The hand-worked cases and as many made-up cards drawn from the grading's seed."""
+    return oracles.ROOFLINE_CASES + oracles.drawn_roofline_cases(seeds.rng(seed, "04", "roofline"))
+
+
 @pytest.mark.points(2)
-def check_roofline_classifies(submission):
+def check_roofline_classifies(submission, seed):
     """roofline says memory-bound left of the ridge point, compute-bound on and right of it"""
-    for name, flops, nbytes, device, _, bound in oracles.ROOFLINE_CASES:
+    for name, flops, nbytes, device, _, bound in _roofline_cases(seed):
         _, got = _roofline(submission, name, flops, nbytes, device)
         ridge = device[0] / device[1]
         assert got == bound, (f"{name}: I = {flops / nbytes:.3g} flop/B against a ridge point of "
@@ -315,9 +321,9 @@ def check_roofline_classifies(submission):
 
 
 @pytest.mark.points(1)
-def check_roofline_attainable(submission):
+def check_roofline_attainable(submission, seed):
     """roofline's attainable FLOP/s is min(peak, I x bandwidth)"""
-    for name, flops, nbytes, device, attainable, _ in oracles.ROOFLINE_CASES:
+    for name, flops, nbytes, device, attainable, _ in _roofline_cases(seed):
         got, _ = _roofline(submission, name, flops, nbytes, device)
         expect_close(got, attainable, f"{name}: attainable FLOP/s", rel=1e-9)
 

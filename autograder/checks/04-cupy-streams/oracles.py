@@ -110,6 +110,22 @@ INTENSITY_CASES = [(2e6, 12e6, 1 / 6), (2 * 4096**3, 3 * 4 * 4096**2, 4096 / 6),
                    (1, 3, 1 / 3)]  # (flops, bytes, flop per byte)
 
 
+def drawn_roofline_cases(rng, count=6):
+    """ROOFLINE_CASES' kind for made-up cards, from the grading's seed: peaks of 1-100 TFLOP/s,
+    bandwidths of 0.1-8 TB/s, an intensity a factor of 1.5 to 20 either side of the ridge."""
+    cases = []
+    for k in range(count):
+        peak, bandwidth = float(rng.uniform(1e12, 100e12)), float(rng.uniform(0.1e12, 8e12))
+        ridge = peak / bandwidth
+        intensity = ridge * float(rng.uniform(1.5, 20)) ** (1 if k % 2 else -1)
+        nbytes = float(rng.uniform(1e6, 1e10))
+        flops = intensity * nbytes
+        bound = "compute-bound" if flops / nbytes >= ridge else "memory-bound"
+        cases.append((f"I = {intensity:.4g} on a card of {peak:.4g} FLOP/s and {bandwidth:.4g} B/s", flops, nbytes,
+                      (peak, bandwidth), min(peak, flops / nbytes * bandwidth), bound))
+    return cases
+
+
 # --- the GPU tier: a timed run's output, from its seed -----------------------------------
 
 def gelu_recheck(size, cols):
