@@ -39,7 +39,7 @@ OPERATOR_ROWS = 2  # the sequence operators' shard: [2, 3, 5]; f and g move [4, 
 # float64 and a rank's shard 32 MiB; activations are a few KiB (measured peaks: check file).
 BIG_HIDDEN, BIG_FFN, BIG_SEQ, BIG_BATCH, BIG_T = 2048, 8192, 4, 1, 4
 # A small MLP runs first in the same job (full weights of 2 MiB): what any first forward pass
-# allocates (gloo's and MKL's buffers) is in the peak before the large one starts.
+# allocates (gloo's and MKL's buffers) is allocated before the large one's peak is read.
 WARM_UP_HIDDEN, WARM_UP_FFN = 256, 1024
 
 OPERATORS = {"op_f": "copy_to_tensor_parallel_region", "op_g": "reduce_from_tensor_parallel_region",
@@ -381,8 +381,8 @@ def run(submission, seed: int, t: int):
 
 def run_memory(submission, seed: int):
     """(case, job) of a small MLP's forward pass and then the large one's in a rank job of its
-    own (``harness.memory_rank``), once per grading: the job holds each rank's peak memory as the
-    launcher read it at the mark after each ("warm-up:done", "memory:done")."""
+    own (``harness.memory_rank``), once per grading: the job holds each rank's memory as the
+    launcher read it at the marks around each ("memory:start" starts the peaks afresh)."""
     def job():
         warm_up = memory_case(seed, WARM_UP_HIDDEN, WARM_UP_FFN, "warm-up")
         case = memory_case(seed)
