@@ -114,9 +114,9 @@ class _Draw:
     def job_id(self):
         return str(self.int(10, 9_999_999))
 
-    def hosts(self, count, avoid=None):
+    def hosts(self, count):
         """``count`` hosts numbered in a row (one compressed range), of a drawn name and width."""
-        prefix = self.pick([p for p in PREFIXES if p != avoid])
+        prefix = self.pick(PREFIXES)
         width = self.int(2, 4)
         start = self.int(1, 10**width - count - 1)
         return [f"{prefix}{n:0{width}d}" for n in range(start, start + count)]
