@@ -368,18 +368,23 @@ def test_the_memory_check_reads_each_ranks_peak_from_outside():
     mib, output = 2**20, np.arange(4.0)
     big = {"want": [{"output": output}] * 4, "shard_bytes": 64 * mib, "full_weight_bytes": 128 * mib}
 
-    def graded(peak_mib, fresh=True):
-        # The launcher's readings, [VmRSS, VmHWM], at the marks around the large MLP's pass.
-        memory = {"memory:start": [[300 * mib, 300 * mib]] * 4,
-                  "memory:done": [[300 * mib, (300 + p) * mib] for p in peak_mib]}
+    def graded(peak_mib, fresh=True, held_mib=25):
+        # The launcher's readings, [VmRSS, VmHWM], at the marks around the large MLP's pass, and
+        # VmRSS once each rank had its inputs.
+        at_start = (300 + held_mib) * mib
+        memory = {"memory:start": [[at_start, at_start]] * 4,
+                  "memory:done": [[at_start, at_start + p * mib] for p in peak_mib]}
         job = RankJob("torch", 4, "ok", outputs=[[{"case": "memory", "status": "ok", "output": output}]] * 4,
-                      memory=memory, fresh_peaks={"memory:start"} if fresh else set())
+                      memory=memory, fresh_peaks={"memory:start"} if fresh else set(), baseline_bytes=[300 * mib] * 4)
         jobs = {**_jobs(cases, outcomes), "memory_job": (big, job)}
         metrics = {}
         checks.check_no_rank_holds_a_full_weight(_FakeSubmission(jobs), seed=0, metrics=metrics)
         return metrics
 
     assert graded([65, 65, 66, 65])["peak_mib"] == [65, 65, 66, 65]
+    # A full weight's buffer touched before the pass does not rise in it; what was held then counts.
+    with pytest.raises(AssertionError, match=r"rank 0: it held 154 MiB beyond its inputs before the pass"):
+        graded([65, 65, 66, 65], held_mib=154)
     with pytest.raises(AssertionError, match=r"rank 2: its memory rose by 160 MiB .* full weight matrix 128 MiB"):
         graded([65, 65, 160, 65])
     # Where the peaks could not start afresh, a high one may be the small pass's: no verdict.

@@ -272,14 +272,17 @@ BIG = f"ParallelMLP({oracles.BIG_HIDDEN}, {oracles.BIG_FFN}) on {oracles.BIG_T} 
 # more on some machines). 2 cores, torch 2.13 CPU, MiB: its own slices take 64, a full weight 128; the
 # limit is 64 + 64 = 128. The reference 65; an initialiser that makes a shard-sized temporary
 # (randn * scale) 96; a full weight made and sliced at init, then dropped 160; the full master weight
-# kept 193; the weight all-gathered in forward 320.
+# kept 193; the weight all-gathered in forward 320. What a rank held beyond its inputs as the pass began
+# counts as well, under own slices + a full weight (192): the reference held 25 (90 in all); a full-size
+# buffer touched at import, into which the weight is gathered, 154 (its rise 65, 219 in all).
 
 
 def _peak_of_the_large_pass(submission, seed):
     """(case, each rank's peak memory above what it held as the large MLP's build and forward
-    pass began, whether that peak is the pass's own): the launcher's readings of VmHWM, started
-    afresh after a small MLP's pass (``harness.memory_rank``), whose output must also be right.
-    The peak is None where this machine gives no reading."""
+    pass began, whether that peak is the pass's own, what each rank held then above what it held
+    once it had its inputs): the launcher's readings of VmHWM, started afresh after a small MLP's
+    pass (``harness.memory_rank``), whose output must also be right, and of VmRSS. The peaks and
+    holdings are None where this machine gives no reading."""
     case, job = oracles.run_memory(submission, seed)
     if job.status != "ok":
         raise failure_from({"status": job.status, "message": job.explain()}, BIG)
@@ -293,8 +296,10 @@ def _peak_of_the_large_pass(submission, seed):
             expect_array(record.get(label), expected, f"{BIG}, rank {rank}: {label}", rtol=RTOL, atol=ATOL)
     found = peak_in_phase(job, "memory:start", "memory:done")
     if found is None or None in found[0]:
-        return case, None, False
-    return case, *found
+        return case, None, False, None
+    held = [None if at is None or base is None else at[0] - base
+            for at, base in zip(job.memory["memory:start"], job.baseline_bytes)]
+    return case, *found, None if None in held else held
 
 
 @pytest.mark.points(2)
@@ -304,11 +309,13 @@ def check_no_rank_holds_a_full_weight(submission, seed, metrics):
         with_the_work(f"the memory audit of {what}", lambda: _expect_dense(submission, seed, name, what))
     measured = []
     with_the_work(f"the peak memory of {BIG}", lambda: measured.extend(_peak_of_the_large_pass(submission, seed)))
-    case, peaks, own = measured
+    case, peaks, own, held = measured
     own_bytes, full = case["shard_bytes"], case["full_weight_bytes"]
     limit = own_bytes + full // 2  # see MEMORY_MEASURED
     if peaks is not None:
         metrics.update(peak_mib=[round(p / 2**20, 1) for p in peaks], limit_mib=limit / 2**20)
+    if held is not None:
+        metrics.update(held_before_mib=[round(h / 2**20, 1) for h in held])
     for name, what in LAYERS.items():  # the in-process records at small sizes name the tensor
         for t, (small, outcome) in _case(submission, seed, name).items():
             for rank, record in enumerate(outcome["records"]):
@@ -325,6 +332,13 @@ def check_no_rank_holds_a_full_weight(submission, seed, metrics):
             f"forward pass (the kernel's count of its memory, after a small MLP's pass); its own slices take "
             f"{own_bytes / 2**20:.0f} MiB, a full weight matrix {full / 2**20:.0f} MiB: keep only this rank's "
             "shard, and never gather the weights")
+    # What a rank already held as the pass began (its import, the small pass) counts too: a buffer
+    # touched before the pass does not rise in it. See MEMORY_MEASURED.
+    for rank, (before, peak) in enumerate(zip(held or [], peaks)):
+        assert before + peak < own_bytes + full, (
+            f"{BIG}, rank {rank}: it held {before / 2**20:.0f} MiB beyond its inputs before the pass and its memory "
+            f"rose by {peak / 2**20:.0f} MiB in it; its own slices take {own_bytes / 2**20:.0f} MiB, a full weight "
+            f"matrix {full / 2**20:.0f} MiB: keep no buffer of a full weight's size, and never gather the weights")
 
 
 def _expect_no_full_weight(what, t, rank, record, limit):
