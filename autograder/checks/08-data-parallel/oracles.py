@@ -186,7 +186,9 @@ def compression_inputs(seed: int):
     topk = []
     for shape, k in (((6, 7), 5), ((50,), 1), ((3, 4), 12)):
         x = rng.permutation(int(np.prod(shape))).astype(np.float64) + 1  # distinct magnitudes, mixed signs
-        topk.append({"x": (x * rng.choice([-1.0, 1.0], x.size)).reshape(shape), "k": k})
+        signs = rng.choice([-1.0, 1.0], x.size)
+        signs[np.argmax(x)] = -1.0  # so ranking by value, not magnitude, is caught on every draw
+        topk.append({"x": (x * signs).reshape(shape), "k": k})
     # two tensors compressed in turn, 4 steps: residuals are kept per key
     feedback = [[(key, rng.standard_normal(shape), 3) for key, shape in (("w", (5, 8)), ("b", (8,)))]
                 for _ in range(4)]
