@@ -16,6 +16,7 @@ the layers, widths, batches, meshes, cuts, strategies and budgets around them,
 at sizes whose exhaustive search takes a fraction of a second (32 devices: about
 a second).
 """
+import json
 import math
 
 from autograder.grading import seeds
@@ -226,11 +227,29 @@ DRAW_COST = {"module 07": (_module07, 4), "zero": (_zero, 2), "in flight": (_in_
              "two speeds": (_two_speeds, 2), "invalid": (_invalid, 1)}
 
 
+def _inputs(case):
+    return json.dumps(case[1:], sort_keys=True)
+
+
 def drawn_costs(seed):
     """{kind: [(name, plan, model, cluster)]}: the cost model's cases drawn from ``seed``, as many
-    of each kind as ``DRAW_COST`` says."""
-    return {kind: [case for i in range(count) for case in draw(seeds.rng(seed, "13", "cost", kind, i), i)]
-            for kind, (draw, count) in DRAW_COST.items()}
+    of each kind as ``DRAW_COST`` says, each unlike every public case and every other draw (a
+    drawn case equal to a public one is answered by a table of the public answers)."""
+    seen = {_inputs(case) for case in COST_CASES}
+    found = {}
+    for kind, (draw, count) in DRAW_COST.items():
+        found[kind] = []
+        for i in range(count):
+            rng = seeds.rng(seed, "13", "cost", kind, i)
+            for _ in range(50):
+                group = draw(rng, i)
+                if not seen & {_inputs(case) for case in group}:
+                    break
+            else:
+                raise RuntimeError(f"50 draws of '{kind}' {i} all repeat a case: the drawn sizes need looking at")
+            seen.update(_inputs(case) for case in group)
+            found[kind] += group
+    return found
 
 
 # --- drawn searches: budgets that bind, chosen by the hidden oracles ---------------------------------
